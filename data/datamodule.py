@@ -1,0 +1,147 @@
+"""corpus -> tokenizer -> token streams -> blocks of seq_len + 1 tokens -> batches."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local text only: never ask a hub
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import datasets  # noqa: E402
+import lightning as L  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from data.cache import TokenCache, cache_key  # noqa: E402
+from data.corpus import Corpus, CorpusError, Document  # noqa: E402
+from data.tokenizer import SPECIAL_TOKENS, check_tokenizer_settings, train_tokenizer  # noqa: E402
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "validation")
+
+
+class BlockDataset(Dataset):
+    """Blocks of ``seq_len + 1`` consecutive tokens, starting every ``seq_len`` tokens.
+
+    Consecutive blocks overlap by one token, so every token is a target exactly once.
+    """
+
+    def __init__(self, stream: np.ndarray, seq_len: int) -> None:
+        self.stream = torch.from_numpy(stream.astype(np.int64))
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return max(0, (len(self.stream) - 1) // self.seq_len)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        start = i * self.seq_len
+        return self.stream[start : start + self.seq_len + 1]
+
+
+def tokenize_documents(tokenizer: Tokenizer, docs: list[Document]) -> np.ndarray:
+    """One stream: each document's ids followed by <eos>. Tokenized with ``datasets.map``."""
+    eos = tokenizer.token_to_id("<eos>")
+    table = datasets.Dataset.from_dict({"text": [d.text for d in docs]})
+    table = table.map(
+        lambda batch: {"ids": [e.ids + [eos] for e in tokenizer.encode_batch(batch["text"])]},
+        batched=True,
+        remove_columns=["text"],
+        keep_in_memory=True,
+    )
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= np.iinfo(np.uint16).max else np.int32
+    return np.concatenate([np.asarray(ids, dtype=dtype) for ids in table["ids"]])
+
+
+class TextDataModule(L.LightningDataModule):
+    """Serves (B, seq_len + 1) token blocks; models derive inputs and targets per batch."""
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        tokenizer: str = "bpe",
+        vocab_size: int = 2048,
+        seq_len: int = 128,
+        batch_size: int = 32,
+        cache_dir: str = ".cache/data",
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        check_tokenizer_settings(tokenizer, vocab_size)
+        self.corpus, self.tokenizer_kind, self.requested_vocab_size = corpus, tokenizer, vocab_size
+        self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
+        self.cache_dir = Path(cache_dir)
+        self.tokenizer: Tokenizer | None = None
+        self.streams: dict[str, np.ndarray] = {}
+
+    # -- building -----------------------------------------------------------------
+    def _check_corpus(self, splits: dict[str, list[Document]]) -> None:
+        for split in SPLITS:
+            if not any(d.text.strip() for d in splits.get(split, [])):
+                raise CorpusError(f"the corpus is empty: its {split} split has no text")
+
+    def _check_size(self) -> None:
+        needed = self.seq_len + 1
+        for split, stream in self.streams.items():
+            if len(stream) < needed:
+                raise CorpusError(
+                    f"the corpus is too small: its {split} split has {len(stream)} tokens, "
+                    f"data.seq_len={self.seq_len} needs at least {needed} tokens in each split"
+                )
+
+    def prepare_data(self) -> None:
+        """Build the tokenizer and token streams once (cached on disk, keyed by content + settings)."""
+        self._load_or_build()
+
+    def _load_or_build(self) -> None:
+        splits = self.corpus.splits()
+        self._check_corpus(splits)
+        key = cache_key(self.corpus.fingerprint(), tokenizer=self.tokenizer_kind, vocab_size=self.requested_vocab_size)
+        cache = TokenCache(self.cache_dir, key)
+        cached = cache.load(list(SPLITS))
+        if cached is None:
+            log.info("training a %s tokenizer (vocab %d) and tokenizing the corpus", self.tokenizer_kind, self.requested_vocab_size)
+            tokenizer = train_tokenizer((d.text for d in splits["train"]), self.tokenizer_kind, self.requested_vocab_size)
+            streams = {split: tokenize_documents(tokenizer, splits[split]) for split in SPLITS}
+            cache.save(tokenizer, streams)
+            cached = tokenizer, streams
+        self.tokenizer, self.streams = cached
+        self.cache_entry = cache.dir
+        self._check_size()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is None:
+            self._load_or_build()
+
+    # -- facts the model needs (one source of truth: the trained tokenizer) ---------
+    @property
+    def vocab_size(self) -> int:
+        assert self.tokenizer is not None, "call prepare_data()/setup() first"
+        return self.tokenizer.get_vocab_size()
+
+    @property
+    def mask_token_id(self) -> int:
+        return SPECIAL_TOKENS.index("<mask>")
+
+    def n_tokens(self, split: str) -> int:
+        return int(len(self.streams[split]))
+
+    # -- loaders ---------------------------------------------------------------------
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            BlockDataset(self.streams[split], self.seq_len),
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            drop_last=False,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", shuffle=False)

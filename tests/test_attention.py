@@ -1,0 +1,135 @@
+"""Attention kernels agree with each other and with torch's own module; masking is causal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, NoPE, SDPAttention
+from tests.conftest import CONFIG_DIR, PE_TYPES
+
+
+def pe_factory(name: str):
+    """The PE exactly as its config group builds it: new yaml files are tested automatically."""
+    return instantiate(OmegaConf.load(CONFIG_DIR / "pe" / f"{name}.yaml"))
+
+
+def build(model_cls, pe: str, attention, **kw):
+    torch.manual_seed(0)
+    extra = {"mask_token_id": 1} if model_cls is EncoderMLM else {}
+    return model_cls(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=pe_factory(pe), attention=attention, **extra, **kw)
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM, EncoderDecoder])
+def test_mha_and_sdpa_give_the_same_outputs(model_cls, pe):
+    explicit, fused = build(model_cls, pe, ExplicitAttention), build(model_cls, pe, SDPAttention)
+    fused.load_state_dict(explicit.state_dict())
+    idx = torch.randint(50, (3, 24))
+    with torch.no_grad():
+        if model_cls is EncoderDecoder:
+            a, b = explicit(idx[:, :10], idx[:, 10:]), fused(idx[:, :10], idx[:, 10:])
+        else:
+            a, b = explicit(idx), fused(idx)
+    assert (a - b).abs().max().item() <= 1e-5
+
+
+def test_self_attention_matches_torch_multihead_attention_with_copied_weights():
+    torch.manual_seed(0)
+    d, h, T = 32, 4, 10
+    ours = ExplicitAttention(d, h, NoPE(d, h))
+    ref = torch.nn.MultiheadAttention(d, h, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.q.weight, ours.kv.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.q.bias, ours.kv.bias]))
+        ref.out_proj.weight.copy_(ours.o.weight)
+        ref.out_proj.bias.copy_(ours.o.bias)
+    x = torch.randn(2, T, d)
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1)  # True = not allowed, torch's convention
+    expected, expected_weights = ref(x, x, x, attn_mask=mask, average_attn_weights=False)
+    ours.keep_weights = True
+    torch.testing.assert_close(ours(x, causal=True), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ours.attn_weights, expected_weights, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("attention", [ExplicitAttention, SDPAttention])
+def test_decoder_never_looks_at_future_tokens(pe, attention):
+    model = build(DecoderLM, pe, attention).eval()
+    idx = torch.randint(50, (2, 20))
+    changed = idx.clone()
+    changed[:, 12:] = (changed[:, 12:] + 7) % 50
+    with torch.no_grad():
+        before, after = model(idx), model(changed)
+    assert torch.equal(before[:, :12], after[:, :12])
+    assert not torch.allclose(before[:, 12:], after[:, 12:])
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_encoder_sees_both_directions(pe):
+    model = build(EncoderMLM, pe, SDPAttention).eval()
+    idx = torch.randint(50, (2, 20))
+    changed = idx.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 50
+    with torch.no_grad():
+        assert not torch.allclose(model(idx)[:, 0], model(changed)[:, 0])
+
+
+def test_explicit_attention_keeps_causal_weights():
+    model = build(DecoderLM, "alibi", ExplicitAttention).eval()
+    layer = model.blocks[0].attn
+    layer.keep_weights = True
+    with torch.no_grad():
+        model(torch.randint(50, (2, 12)))
+    w = layer.attn_weights
+    assert w.shape == (2, 4, 12, 12)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 12))
+    assert w.triu(1).abs().max() == 0
+
+
+def test_weights_are_reachable_by_plain_names():
+    model = build(DecoderLM, "learned", SDPAttention)
+    assert model.W_E.shape == (50, 32) and model.W_pos.shape == (512, 32)
+    assert model.head.weight is model.W_E  # tied by default
+    attn = model.blocks[1].attn
+    assert attn.W_Q.shape == attn.W_K.shape == attn.W_V.shape == attn.W_O.shape == (32, 32)
+    assert build(DecoderLM, "rope", SDPAttention).W_pos is None
+
+
+def test_untied_and_scaled_embeddings():
+    from model import TokenEmbedding
+
+    torch.manual_seed(0)
+    scaled_untied = lambda **kw: TokenEmbedding(**kw, scaled=True, tie_weights=False)
+    model = DecoderLM(vocab_size=50, d_model=16, n_heads=2, n_layers=1, embedding=scaled_untied)
+    assert model.head.weight is not model.W_E
+    assert model.embed_scale == pytest.approx(4.0)
+    idx = torch.randint(50, (1, 5))
+    expected = model.W_E[idx] * 4.0 + model.W_pos[:5]
+    torch.testing.assert_close(model.decoder.embed(idx), expected)
+
+
+def test_mlm_masking_is_15_percent_with_80_10_10_split():
+    from model import mask_tokens
+
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, 1000, (200, 500), generator=g)
+    inputs, targets = mask_tokens(tokens, mask_token_id=1, vocab_size=1000, generator=g)
+    chosen = targets != -100
+    assert chosen.float().mean().item() == pytest.approx(0.15, abs=0.005)
+    masked = (inputs == 1) & chosen
+    kept = (inputs == tokens) & chosen
+    assert masked.sum() / chosen.sum() == pytest.approx(0.8, abs=0.01)
+    assert kept.sum() / chosen.sum() == pytest.approx(0.1 + 0.1 / 1000, abs=0.01)
+    assert torch.equal(inputs[~chosen], tokens[~chosen])
+    assert torch.equal(targets[chosen], tokens[chosen])
+
+
+def test_encoder_decoder_split_and_loss_targets():
+    model = build(EncoderDecoder, "sinusoidal", SDPAttention)
+    block = torch.arange(17).expand(2, 17)
+    src, tgt_in, tgt_out = model.split(block)
+    assert src[0].tolist() == list(range(8))
+    assert tgt_in[0].tolist() == list(range(8, 16)) and tgt_out[0].tolist() == list(range(9, 17))

@@ -1,0 +1,77 @@
+"""Every config composes; every bad value is caught before training with one clear line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.hydra_config import HydraConfig
+
+from tests.conftest import CONFIG_DIR, ROOT, compose_train_config
+from training.validate import ConfigError, check_config
+
+GROUPS = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+
+
+def group_options():
+    for group in GROUPS:
+        for option in sorted((CONFIG_DIR / group).glob("*.yaml")):
+            yield group, option.stem
+
+
+@pytest.mark.parametrize("group,option", list(group_options()))
+def test_every_config_option_composes(group, option, tmp_path):
+    overrides = [f"{group}={option}"]
+    if (group, option) == ("data", "text_files"):
+        overrides.append("data.corpus.train_files=[x.txt]")
+    cfg = compose_train_config(overrides, output_dir=tmp_path)
+    assert HydraConfig.get().runtime.choices[group] == option
+    check_config(cfg)  # the shipped options are all valid together with the defaults
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["model.d_model=100", "model.n_heads=3"], r"model.d_model=100 is not divisible by model.n_heads=3; valid n_heads: \[1, 2, 4, 5"),
+        (["pe=rope", "model.d_model=12", "model.n_heads=4"], r"pe=rope needs an even head dimension.*12/4 = 3"),
+        (["pe=sinusoidal", "model.d_model=33", "model.n_heads=3"], r"pe=sinusoidal needs an even model.d_model.*33"),
+        (["pe=learned", "data.seq_len=600"], r"data.seq_len=600 is longer than the learned position table \(pe.max_len=512\)"),
+        (["data.vocab_size=100"], r"data.vocab_size=100 is too small for the bpe tokenizer: it needs at least 259"),
+        (["data.tokenizer=wordpiece"], r"unknown tokenizer 'wordpiece'; valid: \['bpe', 'char'\]"),
+        (["trainer.max_steps=0"], r"trainer.max_steps=0 must be a positive"),
+        (["optimizer.lr=-0.001"], r"optimizer.lr=-0.001 must be positive"),
+        (["model.norm=sandwich"], r"model.norm='sandwich'; valid: \['pre', 'post'\]"),
+    ],
+)
+def test_bad_values_are_rejected_with_a_clear_message(overrides, message, tmp_path):
+    cfg = compose_train_config(overrides, output_dir=tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        check_config(cfg)
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PE_CACHE_DIR": str(cwd / "cache")}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={cwd / 'run'}"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_cli_unknown_option_lists_valid_choices(tmp_path):
+    result = run_cli("pe=sinusodal", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Could not find 'pe/sinusodal'" in result.stderr
+    for option in ("alibi", "learned", "none", "rope", "sinusoidal"):
+        assert option in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_bad_value_is_one_line_and_nothing_is_trained(tmp_path):
+    result = run_cli("model.n_heads=3", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "error: model.d_model=128 is not divisible by model.n_heads=3" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()

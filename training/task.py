@@ -1,0 +1,64 @@
+"""The LightningModule: wraps any model with a ``loss(block)`` method."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from model.transformer import LanguageModel
+
+
+def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up, then cosine decay to ``min_ratio`` at ``max_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class LanguageModelTask(L.LightningModule):
+    def __init__(
+        self,
+        model: LanguageModel,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.1,
+        max_steps: int = 1000,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+
+    def training_step(self, block: Tensor, batch_idx: int) -> Tensor:
+        loss = self.model.loss(block)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, block: Tensor, batch_idx: int) -> None:
+        self.log("val/loss", self.model.loss(block), prog_bar=True, sync_dist=True)
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.trainer.callback_metrics.get("val/loss")
+        if loss is not None:
+            self.log("val/ppl", torch.exp(loss), sync_dist=True)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        # Decay matrices only: biases, norms and 1-d parameters keep their scale.
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr,
+            betas=tuple(hp.betas),
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
