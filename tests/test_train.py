@@ -49,8 +49,9 @@ def test_same_seed_same_losses_different_seed_different(tmp_path, tiny_corpus, c
         train(tiny_train_config(tmp_path / sub, tiny_corpus, cache_dir, [f"seed={seed}"]))
         return [r["train/loss"] for r in read_csv(tmp_path / sub / "run" / "csv" / "metrics.csv") if r["train/loss"]]
 
-    assert losses(0, "a") == losses(0, "b")
-    assert losses(0, "a") != losses(1, "c")
+    first = losses(0, "a")
+    assert first == losses(0, "b")
+    assert first != losses(1, "c")
 
 
 def test_wandb_offline_run_files_are_written(tmp_path, tiny_corpus, cache_dir):
