@@ -14,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from data.corpus import CorpusError
+from training.task import NonFiniteLossError
 from training.validate import ConfigError
 
 log = logging.getLogger("train")
@@ -29,6 +30,10 @@ def main(cfg: DictConfig) -> float | None:
         log.error("error: %s", err)
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteLossError as err:
+        log.error("error: %s", err)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     return metrics.get("val/loss")  # for Hydra sweepers that optimise a value
 
 

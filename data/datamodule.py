@@ -14,7 +14,7 @@ import lightning as L  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, Sampler  # noqa: E402
 
 from data.cache import TokenCache, cache_key  # noqa: E402
 from data.corpus import Corpus, CorpusError, Document  # noqa: E402
@@ -40,6 +40,31 @@ class BlockDataset(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         start = i * self.seq_len
         return self.stream[start : start + self.seq_len + 1]
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """A fresh permutation per epoch from (seed, epoch) alone, able to start mid-epoch.
+
+    Lightning calls ``set_epoch`` at every epoch start. After a resume, ``skip``
+    drops the samples the interrupted run had already consumed in that epoch, so
+    the resumed run sees exactly the batches the uninterrupted one would have.
+    ``__len__`` stays the full epoch so Lightning's batch counters line up.
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch, self.skip = n, seed, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.n, generator=generator)[self.skip :].tolist()
+        self.skip = 0  # only the first epoch after a resume is partial
+        return iter(order)
 
 
 def tokenize_documents(tokenizer: Tokenizer, docs: list[Document]) -> np.ndarray:
@@ -68,12 +93,16 @@ class TextDataModule(L.LightningDataModule):
         batch_size: int = 32,
         cache_dir: str = ".cache/data",
         num_workers: int = 0,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         check_tokenizer_settings(tokenizer, vocab_size)
         self.corpus, self.tokenizer_kind, self.requested_vocab_size = corpus, tokenizer, vocab_size
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.cache_dir = Path(cache_dir)
+        self.seed = seed
+        self._position = {"epoch": 0, "batches": 0}  # training batches consumed in the current epoch
+        self._resume_from: dict[str, int] | None = None
         self.tokenizer: Tokenizer | None = None
         self.streams: dict[str, np.ndarray] = {}
 
@@ -130,18 +159,41 @@ class TextDataModule(L.LightningDataModule):
         return int(len(self.streams[split]))
 
     # -- loaders ---------------------------------------------------------------------
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def _loader(self, split: str, sampler: Sampler | None = None) -> DataLoader:
         return DataLoader(
             BlockDataset(self.streams[split], self.seq_len),
             batch_size=self.batch_size,
-            shuffle=shuffle,
+            sampler=sampler,
             drop_last=False,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            # Its own generator: otherwise each new iterator draws a worker seed from the
+            # global RNG, and a resumed run's masks/dropout would be one draw off.
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        sampler = EpochShuffleSampler(len(BlockDataset(self.streams["train"], self.seq_len)), self.seed)
+        if self._resume_from is not None:
+            sampler.set_epoch(self._resume_from["epoch"])
+            sampler.skip = self._resume_from["batches"] * self.batch_size
+            self._position, self._resume_from = dict(self._resume_from), None
+        return self._loader("train", sampler)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", shuffle=False)
+        return self._loader("validation")
+
+    # -- exact resume: where in the data the run is ----------------------------------
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.training:
+            if trainer.current_epoch != self._position["epoch"]:
+                self._position = {"epoch": trainer.current_epoch, "batches": 0}
+            self._position["batches"] += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self._position)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume_from = dict(state)

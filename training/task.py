@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+import random
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor
 
 from model.transformer import LanguageModel
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or inf."""
 
 
 def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
@@ -36,6 +42,11 @@ class LanguageModelTask(L.LightningModule):
 
     def training_step(self, block: Tensor, batch_idx: int) -> Tensor:
         loss = self.model.loss(block)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"training loss is {loss.item()} at step {self.global_step}; stopping. The last good "
+                "checkpoint is kept (checkpoints/last.ckpt); try a lower optimizer.lr or gradient clipping"
+            )
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
@@ -62,3 +73,19 @@ class LanguageModelTask(L.LightningModule):
             optimizer, lambda step: warmup_cosine(step, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    # Random states travel with the checkpoint, so a resumed run draws the same
+    # masks and dropout as the uninterrupted one.
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng_states"] = {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        states = checkpoint.get("rng_states")
+        if states is not None:
+            torch.set_rng_state(states["torch"])
+            np.random.set_state(states["numpy"])
+            random.setstate(states["python"])

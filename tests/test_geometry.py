@@ -1,0 +1,277 @@
+"""Geometry measures: known answers, agreement with scipy / torch, and chance levels."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+import torch.nn.functional as F
+
+from experiments import geometry as geo
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_basis(d: int, k: int, seed: int) -> torch.Tensor:
+    return torch.linalg.qr(torch.randn(d, k, generator=gen(seed), dtype=torch.float64))[0]
+
+
+# ----------------------------------------------------------------------------- subspaces
+
+
+def test_orthogonal_subspaces_overlap_0_angles_90():
+    eye = torch.eye(10, dtype=torch.float64)
+    U, V = eye[:, :3], eye[:, 3:7]
+    assert geo.subspace_overlap(U, V) == 0.0
+    assert torch.allclose(geo.principal_angles_deg(U, V), torch.full((3,), 90.0, dtype=torch.float64))
+
+
+def test_identical_and_nested_subspaces_overlap_1_angles_0():
+    U = random_basis(12, 4, seed=1)
+    assert geo.subspace_overlap(U, U) == pytest.approx(1.0, abs=1e-12)
+    assert geo.principal_angles_deg(U, U).abs().max() < 1e-6
+    rotated = U @ random_basis(4, 4, seed=2)  # same span, different basis
+    assert geo.subspace_overlap(U, rotated) == pytest.approx(1.0, abs=1e-12)
+    wider = torch.linalg.qr(torch.cat([U, torch.randn(12, 3, generator=gen(3), dtype=torch.float64)], 1))[0]
+    assert geo.subspace_overlap(U, wider) == pytest.approx(1.0, abs=1e-12)  # normalised by the smaller k
+
+
+@pytest.mark.parametrize("kU,kV", [(5, 3), (3, 5), (4, 4)])
+def test_principal_angles_match_scipy(kU, kV):
+    U, V = random_basis(20, kU, seed=kU), random_basis(20, kV, seed=10 + kV)
+    ours = geo.principal_angles_deg(U, V).numpy()
+    ref = np.sort(np.rad2deg(scipy.linalg.subspace_angles(U.numpy(), V.numpy())))
+    np.testing.assert_allclose(ours, ref, atol=1e-9)
+
+
+def test_principal_angles_accurate_for_tiny_angles():
+    # arccos alone loses ~1e-8 rad near 0; the sine branch keeps relative accuracy.
+    U = random_basis(20, 3, seed=4)
+    V = torch.linalg.qr(U + 1e-7 * torch.randn(20, 3, generator=gen(5), dtype=torch.float64))[0]
+    ours = geo.principal_angles_deg(U, V).numpy()
+    ref = np.sort(np.rad2deg(scipy.linalg.subspace_angles(U.numpy(), V.numpy())))
+    assert ref.max() < 1e-4
+    np.testing.assert_allclose(ours, ref, rtol=1e-6)
+
+
+def test_subspace_overlap_chance_matches_random_subspaces():
+    d, kU, kV, n = 40, 3, 10, 400
+    draws = torch.tensor([geo.subspace_overlap(random_basis(d, kU, 2 * i), random_basis(d, kV, 2 * i + 1)) for i in range(n)])
+    se = draws.std().item() / math.sqrt(n)
+    assert abs(draws.mean().item() - geo.subspace_overlap_chance(kU, kV, d)) < 5 * se
+    assert geo.subspace_overlap_chance(kU, kV, d) == 10 / 40
+
+
+def test_gaussian_principal_subspaces_overlap_at_chance():
+    # Top directions of an iid Gaussian matrix span a uniformly random subspace.
+    d, n_seeds = 32, 60
+    draws = torch.tensor([
+        geo.subspace_overlap(
+            geo.top_principal_directions(torch.randn(200, d, generator=gen(2 * s)), k=4),
+            geo.top_principal_directions(torch.randn(100, d, generator=gen(2 * s + 1)), k=6),
+        )
+        for s in range(n_seeds)
+    ])
+    se = draws.std().item() / math.sqrt(n_seeds)
+    assert abs(draws.mean().item() - geo.subspace_overlap_chance(4, 6, d)) < 5 * se
+
+
+def test_top_principal_directions_threshold_and_cap():
+    scales = torch.tensor([10.0, 5.0, 1.0, 0.1, 0.1, 0.1], dtype=torch.float64)
+    X = torch.randn(5000, 6, generator=gen(6), dtype=torch.float64) * scales
+    U = geo.top_principal_directions(X, var_threshold=0.95)  # 100/126.03=0.79, 125/126.03=0.992
+    assert U.shape == (6, 2)
+    assert torch.allclose(U.T @ U, torch.eye(2, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(U.abs(), torch.eye(6, dtype=torch.float64)[:, :2], atol=0.05)  # the two big axes
+    few_rows = torch.randn(3, 10, generator=gen(7))
+    assert geo.top_principal_directions(few_rows, var_threshold=1.0).shape[1] <= 2  # rank of centred 3 rows
+    assert geo.top_principal_directions(few_rows, k=8).shape[1] == 2
+
+
+def test_effective_rank_known_cases():
+    d = 10
+    eye = torch.eye(d)
+    assert geo.effective_rank(eye, centre=False) == pytest.approx(d)
+    assert geo.effective_rank(eye) == pytest.approx(d - 1)  # centring removes one direction
+    U, V = random_basis(50, 3, seed=8), random_basis(20, 3, seed=9)
+    assert geo.effective_rank(U @ V.T, centre=False) == pytest.approx(3.0)  # flat spectrum, rank 3
+    low_rank = torch.randn(50, 3, generator=gen(10)) @ torch.randn(3, 20, generator=gen(11))
+    assert 1.0 <= geo.effective_rank(low_rank) <= 3.0 + 1e-6
+    one_direction = torch.randn(100, 1, generator=gen(12)).double() @ torch.randn(1, 20, generator=gen(13)).double()
+    assert geo.effective_rank(one_direction) == pytest.approx(1.0)
+    assert geo.effective_rank(torch.randn(4000, 20, generator=gen(14))) > 19.0
+
+
+# ----------------------------------------------------------------------------- pairwise + chance
+
+
+def test_chance_abs_cos_exact_small_d():
+    assert geo.chance_abs_cos(2) == pytest.approx(2 / math.pi)  # E|cos(theta)|, theta uniform
+    assert geo.chance_abs_cos(3) == pytest.approx(0.5)  # cos uniform on [-1, 1] in 3-D
+
+
+@pytest.mark.parametrize("d", [8, 384])
+def test_chance_abs_cos_matches_monte_carlo(d):
+    n = 200_000 if d == 8 else 20_000
+    a, b = torch.randn(2, n, d, generator=gen(d), dtype=torch.float64)
+    abs_cos = F.cosine_similarity(a, b, dim=-1).abs()
+    se = abs_cos.std().item() / math.sqrt(n)
+    assert abs(abs_cos.mean().item() - geo.chance_abs_cos(d)) < 5 * se
+    if d == 8:  # here the asymptotic sqrt(2/(pi d)) is 3% too low, far outside 5 SE (0.8%)
+        assert abs(abs_cos.mean().item() - math.sqrt(2 / (math.pi * d))) > 5 * se
+
+
+def test_chance_abs_cos_asymptotic():
+    for d, claimed in [(128, 0.071), (384, 0.041), (768, 0.029)]:
+        assert round(geo.chance_abs_cos(d), 3) == pytest.approx(claimed, abs=1e-3)
+    for d in [64, 384, 10_000]:
+        ratio = geo.chance_abs_cos(d) / math.sqrt(2 / (math.pi * d))
+        assert 1 < ratio < 1 + 1 / d  # ratio = 1 + 1/(4d) + O(1/d^2)
+
+
+def test_gaussian_table_lands_on_chance():
+    # cos(e_i, p_j) are pairwise independent by rotation invariance, so the SE of the
+    # mean over N pairs is std/sqrt(N): 0.031/sqrt(512000) = 4.3e-5 at d = 384.
+    d = 384
+    table = geo.random_baseline_table(1000, 512, d, seed=0)
+    assert abs(table["abs_cos_mean"] - geo.chance_abs_cos(d)) < 2.5e-4
+    assert abs(table["cos_mean"]) < 2.5e-4
+    assert table["cos_std"] == pytest.approx(1 / math.sqrt(d), rel=0.01)
+    assert table["angle_mean_deg"] == pytest.approx(90.0, abs=0.02)
+    assert geo.random_baseline_table(1000, 512, d, seed=0) == table  # deterministic
+
+
+def test_pairwise_table_known_angles():
+    E = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    P = torch.tensor([[1.0, 1.0]])
+    table = geo.pairwise_cosine_table(E, P)
+    assert table["angle_mean_deg"] == pytest.approx(45.0)
+    assert table["cos_mean"] == pytest.approx(1 / math.sqrt(2))
+    assert geo.pairwise_cosine_table(E, -P)["angle_max_deg"] == pytest.approx(135.0)
+
+
+def test_geometry_report_names_and_chance_companions():
+    E, P = torch.randn(300, 64, generator=gen(15)), torch.randn(128, 64, generator=gen(16))
+    report = geo.geometry_report(E, P, embed_scale=8.0)
+    for name in ["abs_cos_mean", "abs_cos_mean_chance", "abs_cos_mean_random", "overlap_k8", "overlap_k8_chance",
+                 "overlap_var90", "overlap_var90_chance", "angle_mean_k8_deg", "angle_mean_k8_deg_chance",
+                 "erank_E", "erank_E_chance", "erank_P", "erank_P_chance", "norm_ratio_p_over_e"]:
+        assert name in report
+    for name in report:
+        for suffix in ("_chance", "_random"):
+            if name.endswith(suffix):
+                assert name.removesuffix(suffix) in report
+    assert all(isinstance(v, (int, float)) for v in report.values())
+    assert report["norm_e_mean"] == pytest.approx(8.0 * E.norm(dim=1).mean().item(), rel=1e-6)
+    assert report["overlap_k8"] == pytest.approx(report["overlap_k8_chance"], abs=0.15)  # both Gaussian
+
+
+# ----------------------------------------------------------------------------- hidden states
+
+
+def test_position_token_means_match_loop():
+    H = torch.randn(3, 4, 5, generator=gen(17))
+    tokens = torch.tensor([[1, 2, 1, 3], [2, 2, 4, 1], [5, 1, 6, 7]])
+    pos_means, tok_means, ids = geo.position_token_means(H, tokens, min_count=2)
+    assert torch.allclose(pos_means, H.double().mean(0))
+    assert ids.tolist() == [1, 2]
+    assert torch.allclose(tok_means[0], H[tokens == 1].double().mean(0))
+    assert torch.allclose(tok_means[1], H[tokens == 2].double().mean(0))
+
+
+def test_ridge_probe_reads_position_from_signal_not_noise():
+    B, T, D = 40, 32, 16
+    direction = torch.nn.functional.normalize(torch.randn(D, generator=gen(18)), dim=0)
+    positions = torch.arange(T).expand(B, T)
+    noise = torch.randn(B, T, D, generator=gen(19))
+    signal = 10 * (positions / (T - 1))[..., None] * direction  # var 8.3 along one axis vs noise 0.25
+    assert geo.ridge_position_probe(0.5 * noise + signal, positions) > 0.9
+    assert geo.ridge_position_probe(noise, positions) < 0.1
+    assert geo.ridge_position_probe(noise, positions, seed=3) == geo.ridge_position_probe(noise, positions, seed=3)
+    with pytest.raises(ValueError):
+        geo.ridge_position_probe(noise[:1], positions[:1])
+
+
+def test_hidden_state_report_separates_position_from_noise():
+    B, T, D, vocab = 100, 24, 32, 20
+    tokens = torch.randint(vocab, (B, T), generator=gen(20))
+    word = torch.zeros(vocab, D)
+    word[:, :16] = torch.randn(vocab, 16, generator=gen(21))
+    pos = torch.zeros(T, D)
+    pos[:, 16:] = 2 * torch.randn(T, 16, generator=gen(22)).cumsum(0) / math.sqrt(T)  # smooth in position
+    H = word[tokens] + pos + 0.1 * torch.randn(B, T, D, generator=gen(23))
+    report = geo.hidden_state_report(H, tokens)
+    # Disjoint coordinates: far below chance, and below the shuffled baseline, which is high here
+    # because per-position means of shuffled rows are noise shaped like the (word-heavy) variance of H.
+    assert report["overlap_pos_tok_k8"] < 0.2 * report["overlap_pos_tok_k8_chance"]
+    assert report["overlap_pos_tok_k8"] < 0.2 * report["overlap_pos_tok_k8_shuffled"]
+    assert report["position_var_share"] > 10 * report["position_var_share_chance"]
+    assert report["position_probe_r2"] > 0.9 > 0.1 > report["position_probe_r2_chance"]
+    noise = geo.hidden_state_report(torch.randn(B, T, D, generator=gen(24)), tokens)
+    assert noise["position_var_share"] == pytest.approx(noise["position_var_share_chance"], rel=0.25)
+    assert noise["position_probe_r2"] < 0.1
+
+
+# ----------------------------------------------------------------------------- attention (C5)
+
+
+def test_split_layernorm_sums_to_layer_norm():
+    e, p = torch.randn(2, 7, 16, generator=gen(25), dtype=torch.float64)
+    weight, bias = torch.randn(2, 16, generator=gen(26), dtype=torch.float64)
+    e_part, p_part, b_part = geo.split_layernorm(e, p, weight, bias, eps=1e-5)
+    ref = F.layer_norm(e + p, (16,), weight, bias, eps=1e-5)
+    torch.testing.assert_close(e_part + p_part + b_part, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close((e_part / weight).mean(-1), torch.zeros(7, dtype=torch.float64), rtol=0, atol=1e-12)
+    naive = F.layer_norm(e, (16,), weight, bias) + F.layer_norm(p, (16,), weight)
+    assert (naive - ref).abs().max() > 0.1  # normalising each part alone is not the same
+
+
+def test_split_rmsnorm_sums_to_rms_norm():
+    e, p = torch.randn(2, 5, 8, generator=gen(27), dtype=torch.float64)
+    weight = torch.randn(8, generator=gen(28), dtype=torch.float64)
+    e_part, p_part = geo.split_rmsnorm(e, p, weight, eps=1e-6)
+    torch.testing.assert_close(e_part + p_part, F.rms_norm(e + p, (8,), weight, eps=1e-6), rtol=0, atol=1e-12)
+
+
+def test_attention_terms_sum_to_real_scores():
+    T, D, n_heads = 7, 12, 3
+    d_head = D // n_heads
+    e, p = torch.randn(2, T, D, generator=gen(29))
+    q_lin, k_lin = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+    terms = geo.attention_terms(e, p, q_lin.weight.T, k_lin.weight.T, q_lin.bias, k_lin.bias, n_heads=n_heads)
+    assert set(terms) == set(geo.ATTENTION_TERMS)
+    x = e.double() + p.double()
+    q = F.linear(x, q_lin.weight.double(), q_lin.bias.double()).view(T, n_heads, d_head).transpose(0, 1)
+    k = F.linear(x, k_lin.weight.double(), k_lin.bias.double()).view(T, n_heads, d_head).transpose(0, 1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (n_heads, T, T)
+    torch.testing.assert_close(sum(terms.values()), scores, rtol=0, atol=1e-10)
+    no_pos = geo.attention_terms(e, torch.zeros(T, D), q_lin.weight.T, k_lin.weight.T, n_heads=n_heads)
+    for name in ("pos_pos", "word_pos", "pos_word", "bias"):
+        assert no_pos[name].abs().max() == 0
+    q_e, k_p = (e.double() @ q_lin.weight.T.double())[:, :d_head], (p.double() @ k_lin.weight.T.double())[:, :d_head]
+    torch.testing.assert_close(terms["word_pos"][0], q_e @ k_p.T / math.sqrt(d_head))  # query word, key position
+
+
+def test_term_shares_find_the_positional_head():
+    # Words live in dims 0..5, positions in dims 6..11. Head 0 reads only position dims,
+    # head 1 only word dims: head 0 must come out positional, head 1 not.
+    T, D, n_heads = 16, 12, 2
+    e, p = torch.zeros(T, D), torch.zeros(T, D)
+    e[:, :6] = torch.randn(T, 6, generator=gen(30))
+    p[:, 6:] = torch.randn(T, 6, generator=gen(31))
+    W_q, W_k = torch.zeros(2, D, D)
+    W_q[6:, :6], W_k[6:, :6] = torch.randn(2, 6, 6, generator=gen(32))
+    W_q[:6, 6:], W_k[:6, 6:] = torch.randn(2, 6, 6, generator=gen(33))
+    b_k = torch.randn(D, generator=gen(34))  # q_i . b_k is constant per query row: no share
+    terms = geo.attention_terms(e, p, W_q, W_k, b_k=b_k, n_heads=n_heads)
+    shares = geo.attention_term_shares(terms)
+    torch.testing.assert_close(sum(shares.values()), torch.ones(n_heads, dtype=torch.float64))
+    torch.testing.assert_close(shares["pos_pos"], torch.tensor([1.0, 0.0], dtype=torch.float64))
+    assert shares["bias"].abs().max() < 1e-12
+    assert geo.positional_heads(shares) == [0]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal_shares = geo.attention_term_shares(terms, mask=causal)
+    torch.testing.assert_close(sum(causal_shares.values()), torch.ones(n_heads, dtype=torch.float64))
