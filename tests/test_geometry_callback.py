@@ -1,0 +1,87 @@
+"""The geometry callback logs from step 0 at its cadence, for every PE type, and never changes training."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.callbacks import GeometryCallback, first_layer_attention_shares, frequent_token_ids, hidden_states
+from model import DecoderLM, ExplicitAttention, SinusoidalPE
+from tests.conftest import PE_TYPES, tiny_train_config
+from training.pipeline import train
+
+CADENCE = ["trainer.max_steps=5", "callbacks.geometry.every_n_steps=2",
+           "callbacks.geometry.n_tokens=50", "callbacks.geometry.probe_batch_size=4", "callbacks.checkpoint.every_n_train_steps=10"]
+
+
+def read_rows(run):
+    with open(run / "csv" / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_geometry_logged_at_init_cadence_and_end(pe, tmp_path, tiny_corpus, cache_dir):
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [f"pe={pe}", *CADENCE]))
+    rows = read_rows(tmp_path / "run")
+    probe_key = "geometry/hidden/layer0/position_probe_r2"
+    steps = sorted(int(r["step"]) for r in rows if r.get(probe_key))
+    assert steps == [0, 2, 4, 5]  # initialisation, every 2 steps, the end
+    has_table = pe in ("sinusoidal", "learned")
+    assert ("geometry/abs_cos_mean" in rows[0]) == has_table
+    if has_table:
+        init = next(r for r in rows if r.get("geometry/abs_cos_mean") and int(r["step"]) == 0)
+        assert float(init["geometry/abs_cos_mean_chance"]) == pytest.approx(np.sqrt(2 / (np.pi * 32)), rel=0.05)
+        assert "geometry/attn/n_positional_heads" in init
+    tokens = (tmp_path / "run" / "geometry_tokens.json").read_text()
+    assert "most frequent training tokens" in tokens
+
+
+def test_geometry_callback_does_not_change_training(tmp_path, tiny_corpus, cache_dir):
+    def losses(sub, callbacks):
+        train(tiny_train_config(tmp_path / sub, tiny_corpus, cache_dir, ["model=encoder", *callbacks]))
+        return [r["train/loss"] for r in read_rows(tmp_path / sub / "run") if r["train/loss"]]
+
+    with_geometry = losses("a", CADENCE)
+    without = losses("b", ["trainer.max_steps=5", "callbacks=no_geometry"])
+    assert with_geometry == without and len(without) == 5
+
+
+def test_frequent_tokens_skip_specials_and_unseen_rows():
+    stream = np.array([0, 5, 5, 5, 7, 7, 2, 9, 0, 0, 0], dtype=np.uint16)
+    ids, counts = frequent_token_ids(stream, vocab_size=12, n=10, exclude=[0, 1, 2])
+    assert ids.tolist() == [5, 7, 9] and counts.tolist() == [3, 2, 1]
+
+
+def test_hidden_states_are_each_block_input_then_output():
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=3).eval()
+    idx = torch.randint(40, (2, 9))
+    states = hidden_states(model.decoder, idx)
+    assert len(states) == 4
+    torch.testing.assert_close(states[0], model.decoder.embed(idx))
+    torch.testing.assert_close(model.head(states[-1]), model(idx))
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_attention_shares_come_from_the_real_first_layer_scores(norm):
+    """Rebuild layer-0 scores from the four terms' shares: they must sum to 1 per head, and a
+    model whose word embeddings are zero must be all position-position (plus bias)."""
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, norm=norm, pe=SinusoidalPE, attention=ExplicitAttention)
+    idx = torch.randint(40, (3, 10))
+    with torch.no_grad():
+        shares = first_layer_attention_shares(model, idx)
+        total = sum(shares.values())
+        torch.testing.assert_close(total, torch.ones(2, dtype=torch.float64))
+        model.W_E.zero_()
+        only_position = first_layer_attention_shares(model, idx)
+    torch.testing.assert_close(only_position["word_word"], torch.zeros(2, dtype=torch.float64))
+    assert (only_position["pos_pos"] + only_position["bias"] > 0.999).all()
+
+
+def test_bad_measure_name_is_rejected():
+    with pytest.raises(ValueError, match=r"unknown geometry measure\(s\) \['angles'\]; valid"):
+        GeometryCallback(measures=["input", "angles"])
