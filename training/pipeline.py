@@ -129,6 +129,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             cfg.paths.output_dir = str(output_dir)  # checkpoints and logs continue in the original run
     check_writable(output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "highest"))
 
     datamodule = instantiate(cfg.data)
     if not isinstance(datamodule, L.LightningDataModule):

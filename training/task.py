@@ -40,6 +40,14 @@ class LanguageModelTask(L.LightningModule):
         self.model = model
         self.save_hyperparameters(ignore=["model"])
 
+    def setup(self, stage: str) -> None:
+        # ThroughputMonitor reads this to log FLOP/s (and MFU where the device's peak is known).
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and not hasattr(self, "flops_per_batch"):
+            from training.throughput import training_flops_per_batch
+
+            self.flops_per_batch = training_flops_per_batch(self.model, dm.batch_size, dm.seq_len)
+
     def training_step(self, block: Tensor, batch_idx: int) -> Tensor:
         loss = self.model.loss(block)
         if not torch.isfinite(loss):
