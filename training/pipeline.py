@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # Our datamodule restores the data position itself (see EpochShuffleSampler), so this warning is moot.
 warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
 warnings.filterwarnings("ignore", message=".*litlogger.*")
+warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a torch/lightning deprecation, not ours
 PACKAGES = ("torch", "lightning", "hydra-core", "datasets", "tokenizers", "wandb", "numpy")
 
 

@@ -1,0 +1,183 @@
+"""The orthogonality study end to end on a tiny real sweep: configs compose, the sweep runs through
+train.py, length extrapolation gives n/a past a learned table and numbers elsewhere, and the report
+writes its figures, tables and summary."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra.core.hydra_config import HydraConfig
+
+from experiments import geometry as geo
+from experiments.extrapolation import evaluate_lengths
+from experiments.report import main as report_main
+from tests.conftest import PE_TYPES, ROOT, compose_train_config
+from training.validate import check_config
+
+STUDIES = ["orthogonality", "orthogonality_encoder"]
+TINY_SWEEP = [
+    "model.d_model=32", "model.n_heads=4", "model.n_layers=2", "data.seq_len=16", "data.batch_size=4", "data.vocab_size=300",
+    "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1",
+    "trainer.enable_model_summary=false", "optimizer.warmup_steps=1", "~callbacks.progress_bar",
+    "callbacks.checkpoint.every_n_train_steps=10", "callbacks.geometry.every_n_steps=2", "callbacks.geometry.n_tokens=50",
+    "callbacks.geometry.probe_batch_size=4",
+]
+MULTIPLIERS = ["1", "2", "40"]  # 40 x 16 = 640 tokens: past the learned table (pe.max_len=512)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+@pytest.mark.parametrize("study", STUDIES)
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_study_config_composes_for_every_pe(study, pe, tmp_path):
+    cfg = compose_train_config([f"experiment={study}", f"pe={pe}"], output_dir=tmp_path)
+    check_config(cfg)
+    hydra_cfg = HydraConfig.get()
+    assert hydra_cfg.runtime.choices.pe == pe
+    assert hydra_cfg.runtime.choices.model == ("encoder" if study.endswith("encoder") else "decoder")
+    params = hydra_cfg.sweeper.params
+    assert sorted(params.pe.split(",")) == PE_TYPES  # the sweep covers every shipped PE type
+    assert params.seed.split(",") == ["0", "1", "2"]
+    assert cfg.logger.wandb.group.startswith(study)
+    assert cfg.model.d_model == 64 and cfg.data.seq_len == 64
+
+
+@pytest.mark.parametrize(
+    "launcher,plugin,target",
+    [("local_parallel", "hydra_plugins.hydra_joblib_launcher", "JoblibLauncher"),
+     ("slurm", "hydra_plugins.hydra_submitit_launcher", "SlurmLauncher")],
+)
+def test_launcher_configs_compose(launcher, plugin, target, tmp_path):
+    if importlib.util.find_spec(plugin) is None:
+        pytest.skip(f"{plugin} is not installed")
+    compose_train_config(["experiment=orthogonality", f"hydra/launcher={launcher}"], output_dir=tmp_path)
+    assert HydraConfig.get().launcher._target_.endswith(target)
+
+
+# ----------------------------------------------------------------------------- a tiny real sweep
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, tiny_corpus):
+    """python train.py -m experiment=orthogonality pe=learned,rope seed=0,1 at toy size: 4 real runs."""
+    root = tmp_path_factory.mktemp("study")
+    args = [
+        "-m", "experiment=orthogonality", "pe=learned,rope", "seed=0,1", "logger=csv", "data=text_files",
+        f"data.corpus.train_files=[{tiny_corpus['train']}]", f"data.corpus.val_files=[{tiny_corpus['validation']}]",
+        f"paths.cache_dir={root / 'cache'}", f"hydra.sweep.dir={root / 'sweep'}", *TINY_SWEEP,
+    ]
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=root, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "sweep"
+
+
+def _run(sweep, pe, seed):
+    (run,) = sweep.glob(f"*_decoder-{pe}-s{seed}")
+    return run
+
+
+def test_sweep_runs_share_one_wandb_group(sweep):
+    import yaml
+
+    runs = sorted(p for p in sweep.iterdir() if (p / "config.yaml").is_file())
+    assert [p.name for p in runs] == ["0_decoder-learned-s0", "1_decoder-learned-s1", "2_decoder-rope-s0", "3_decoder-rope-s1"]
+    groups = {yaml.safe_load((p / "config.yaml").read_text())["logger"]["wandb"]["group"] for p in runs}
+    assert len(groups) == 1 and groups.pop().startswith("orthogonality-")
+
+
+def test_extrapolation_na_past_learned_table_numbers_elsewhere(sweep):
+    learned = evaluate_lengths(_run(sweep, "learned", 0), [int(m) for m in MULTIPLIERS], max_batches=2)
+    assert learned["lengths"]["40"]["loss"] == "n/a"
+    assert "max_len=512" in learned["lengths"]["40"]["reason"]
+    for m in ("1", "2"):
+        assert math.isfinite(learned["lengths"][m]["loss"])
+    assert learned["lengths"]["2"]["untrained_positions"] is True  # rows 16..31 exist but never got a gradient
+    rope = evaluate_lengths(_run(sweep, "rope", 1), [int(m) for m in MULTIPLIERS], max_batches=2)
+    assert all(math.isfinite(rope["lengths"][m]["loss"]) for m in MULTIPLIERS)
+    assert math.isfinite(rope["lengths"]["40"]["loss_beyond_train_len"])
+    saved = json.loads((_run(sweep, "rope", 1) / "length_extrapolation.json").read_text())
+    assert saved["lengths"]["40"]["block_len"] == 640 and saved["n_target_tokens"] % 640 == 0
+
+
+def test_extrapolation_rebuilds_the_trained_model_exactly(sweep):
+    """At 1x over the run's own validation batches the loss is the run's last logged val/loss."""
+    run = _run(sweep, "learned", 1)
+    with open(run / "csv" / "metrics.csv", newline="") as f:
+        logged = [float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")][-1]
+    result = evaluate_lengths(run, [1], max_batches=2, write=False)
+    assert result["lengths"]["1"]["loss"] == pytest.approx(logged, rel=1e-5)
+    assert result["step"] == 6
+
+
+def _fake_pretrained(path):
+    """A MiniLM analysis JSON of the shape experiments/pretrained.py writes, from the real geometry functions."""
+    g = torch.Generator().manual_seed(0)
+    E, P = torch.randn(100, 24, generator=g), torch.randn(40, 24, generator=g)
+    H, tokens = torch.randn(6, 10, 24, generator=g), torch.randint(20, (6, 10), generator=g)
+    report = geo.geometry_report(E, P)
+    results = {
+        "model": {"model_type": "bert", "d_model": 24, "n_positions": 40, "n_layers": 1, "n_heads": 2},
+        "article": {"d_model": 768, "cos_mean": -0.0099, "abs_cos_mean": 0.0281, "abs_cos_mean_chance": geo.chance_abs_cos(768)},
+        "seed_rows": {"rows": "100..1099", "n_rows": 100, "n_unused": 90, "n_ordinary": 10, "geometry": report},
+        "frequent_rows": {"n_rows": 100, "corpus_coverage": 0.8, "geometry": report},
+        "attention_layer0": {"positional_heads": [1], "shares": {"pos_pos": [0.1, 0.7]}},
+        "hidden_states": [geo.hidden_state_report(H, tokens, fixed_k=4)] * 2,
+    }
+    path.write_text(json.dumps(results))
+
+
+def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
+    pretrained = tmp_path / "minilm.json"
+    _fake_pretrained(pretrained)
+    out = tmp_path / "report"
+    report_main([str(sweep), "--out", str(out), "--pretrained-json", str(pretrained),
+                 "--multipliers", *MULTIPLIERS, "--max-batches", "2"])
+
+    for name in ("overview.png", "loss.png", "extrapolation.png", "input_abs_cos_mean.png", "input_overlap_k8.png",
+                 "hidden_position_probe_r2.png", "attn_pos_pos_share.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+
+    md = (out / "report.md").read_text()
+    lines = md.splitlines()
+    # a table per measure: PE type | init (step 0) | end | chance | ... | n seeds
+    i = lines.index("### Mean |cos| between word and position vectors")
+    table = [line for line in lines[i:i + 12] if line.startswith("|")]
+    assert table[0].startswith("| PE type | init (step 0) | end (step 6) | chance | random |") and table[0].endswith("| n seeds |")
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["learned"]  # no input-level table for RoPE
+    assert table[2].rstrip().endswith("| 2 |")
+    i = lines.index("### Position read off the hidden states (ridge probe)")
+    table = [line for line in lines[i:i + 14] if line.startswith("|")]
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["learned"] * 3 + ["rope"] * 3  # layers 0, 1, 2
+    # validation loss and the length-extrapolation table: n/a for learned past its table, numbers for rope
+    assert any(line.startswith("| learned |") and "±" in line for line in lines[lines.index("## Loss"):])
+    ext = lines[lines.index("## Length extrapolation"):]
+    header = next(line for line in ext if line.startswith("| PE type |"))
+    assert header.startswith("| PE type | 1× | 2× | 40× |")
+    learned_row = next(line for line in ext if line.startswith("| learned |")).split("|")
+    rope_row = next(line for line in ext if line.startswith("| rope |")).split("|")
+    assert learned_row[4].strip() == "n/a" and "±" in learned_row[2]
+    assert all(any(ch.isdigit() for ch in cell) for cell in rope_row[2:5])
+    # the pretrained checkpoint beside the trained models
+    assert "### Pretrained checkpoint (MiniLM) beside the trained models" in md
+    row = next(line for line in lines if line.startswith("| abs_cos_mean |"))
+    assert len(row.split("|")) == len(next(line for line in lines if line.startswith("| measure |")).split("|"))
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["groups"]) == {"learned", "rope"}
+    learned = summary["groups"]["learned"]
+    assert learned["seeds"] == [0, 1]
+    cos = learned["measures"]["geometry/abs_cos_mean"]
+    assert cos["init_step"] == 0 and cos["end_step"] == 6 and cos["n_seeds"] == 2
+    assert cos["chance"]["end"]["mean"] == pytest.approx(geo.chance_abs_cos(32))
+    assert "geometry/abs_cos_mean" not in summary["groups"]["rope"]["measures"]
+    assert learned["extrapolation"]["lengths"]["40"]["loss"] == "n/a"
+    assert summary["groups"]["rope"]["extrapolation"]["lengths"]["40"]["loss"]["n"] == 2
