@@ -49,20 +49,30 @@ class EpochShuffleSampler(Sampler[int]):
     drops the samples the interrupted run had already consumed in that epoch, so
     the resumed run sees exactly the batches the uninterrupted one would have.
     ``__len__`` stays the full epoch so Lightning's batch counters line up.
+
+    Under DDP each rank takes every ``world_size``-th sample of the same permutation
+    (the last ``n % world_size`` samples of an epoch are dropped so the ranks stay in
+    step), so the ranks see disjoint blocks; ``skip`` and ``__len__`` count this rank's
+    samples. Lightning must not wrap it in a DistributedSampler as well
+    (``trainer.use_distributed_sampler: false``, see configs/trainer/default.yaml).
     """
 
-    def __init__(self, n: int, seed: int) -> None:
+    def __init__(self, n: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} is not in [0, world_size={world_size})")
         self.n, self.seed, self.epoch, self.skip = n, seed, 0, 0
+        self.rank, self.world_size = rank, world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.n
+        return self.n // self.world_size
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.n, generator=generator)[self.skip :].tolist()
+        order = torch.randperm(self.n, generator=generator)[: len(self) * self.world_size]
+        order = order[self.rank :: self.world_size][self.skip :].tolist()
         self.skip = 0  # only the first epoch after a resume is partial
         return iter(order)
 
@@ -173,7 +183,9 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochShuffleSampler(len(BlockDataset(self.streams["train"], self.seq_len)), self.seed)
+        trainer = getattr(self, "trainer", None)
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        sampler = EpochShuffleSampler(len(BlockDataset(self.streams["train"], self.seq_len)), self.seed, rank, world_size)
         if self._resume_from is not None:
             sampler.set_epoch(self._resume_from["epoch"])
             sampler.skip = self._resume_from["batches"] * self.batch_size

@@ -119,7 +119,10 @@ class GeometryCallback(L.Callback):
         self.seq_len = dm.seq_len
         val = torch.from_numpy(dm.streams["validation"][: self.probe_batch_size * dm.seq_len].astype(np.int64))
         self.probe = val[: (len(val) // dm.seq_len) * dm.seq_len].view(-1, dm.seq_len)  # (B, T) fixed blocks
-        if trainer.is_global_zero and trainer.log_dir is not None:
+        # trainer.log_dir broadcasts from rank 0 in DDP, so every rank must read it (a rank-0-only
+        # read deadlocks the others); only rank 0 writes.
+        log_dir = trainer.log_dir
+        if trainer.is_global_zero and log_dir is not None:
             rule = {
                 "word_rows": f"the {len(self.token_ids)} most frequent training tokens (special tokens excluded)",
                 "position_rows": f"positions 0..{self.seq_len - 1} (the positions seen in training)",

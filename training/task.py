@@ -59,7 +59,13 @@ class LanguageModelTask(L.LightningModule):
         return loss
 
     def validation_step(self, block: Tensor, batch_idx: int) -> None:
-        self.log("val/loss", self.model.loss(block), prog_bar=True, sync_dist=True)
+        # Validation's random draws (MLM masks) must not advance the training RNG: a run resumed
+        # from a checkpoint saved just before a validation skips that validation (Lightning), and
+        # would otherwise draw different training masks from then on than the uninterrupted run.
+        device = block.device
+        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
+            loss = self.model.loss(block)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         loss = self.trainer.callback_metrics.get("val/loss")

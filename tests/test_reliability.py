@@ -1,0 +1,469 @@
+"""Reliability (issue 7): a killed run resumes exactly, SIGTERM/Ctrl-C save a checkpoint, a NaN
+loss stops cleanly, every run records how it was made, bad inputs are one clear line, DDP works.
+
+Real ``python train.py`` processes where a signal, an exit code or a relaunch is the point (at
+most two at a time, one thread each); ``training.pipeline.train`` in-process everywhere else.
+The guarantees and the bad-input table are in docs/RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from data.corpus import CorpusError
+from data.datamodule import EpochShuffleSampler
+from tests.conftest import CONFIG_DIR, ROOT, compose_train_config, tiny_train_config
+from training.pipeline import build_model, resolve_checkpoint, train
+from training.task import NonFiniteLossError
+from training.validate import ConfigError
+
+# A run long enough to interrupt: 34 batches per epoch on the tiny corpus, so 60 steps cross an
+# epoch boundary; a checkpoint every 10 steps, validation every 20 (on checkpoint steps, the
+# case where Lightning skips the validation after a resume).
+STEPS = 60
+RUN = [
+    "logger=csv", "~callbacks.progress_bar", "trainer.enable_model_summary=false",
+    "model.d_model=32", "model.n_heads=4", "model.n_layers=2",
+    "data.seq_len=32", "data.batch_size=8", "data.vocab_size=300",
+    f"trainer.max_steps={STEPS}", "trainer.val_check_interval=20", "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1", "callbacks.checkpoint.every_n_train_steps=10",
+    "optimizer.warmup_steps=5",
+]
+# The geometry recorder (when configured) measures on every checkpoint step, so its columns are
+# compared too. It also measures at the resume step itself, which is then a checkpoint step.
+HAS_GEOMETRY = bool((OmegaConf.load(CONFIG_DIR / "callbacks" / "default.yaml") or {}).get("geometry"))
+GEOMETRY_EVERY_CHECKPOINT = ["callbacks.geometry.every_n_steps=10"] if HAS_GEOMETRY else []
+# ThroughputMonitor columns describe the process (wall-clock time, counts since it started), not
+# the training, so they cannot repeat across a resume; every other column is compared.
+PROCESS_COLUMNS = re.compile(r"/(time|batches|samples|lengths|flops|mfu)$|/device/|_per_sec$")
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def corpus_args(corpus: dict[str, Path]) -> list[str]:
+    return [
+        "data=text_files",
+        f"data.corpus.train_files=[{corpus['train']}]",
+        f"data.corpus.val_files=[{corpus['validation']}]",
+    ]
+
+
+def start(run_dir: Path, args: list[str], cache: Path) -> subprocess.Popen:
+    """``python train.py <args>`` into ``run_dir``; one thread, so two runs fit the 2 cores side by side."""
+    env = {**os.environ, "PE_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, so a timeout can end DDP's rank 1 too
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{proc.args[2:]} did not finish in {timeout} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_until(condition, proc: subprocess.Popen, what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (rc {proc.returncode}) before {what}:\n{proc.communicate()[1][-3000:]}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def logged_steps(path: Path, metric: str = "train/loss") -> list[int]:
+    return [int(r["step"]) for r in read_rows(path) if r.get(metric)]
+
+
+def load_ckpt(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def temp_files(*roots: Path) -> list[Path]:
+    """Half-written files: our atomic writers' ``.<name>.*.tmp`` and Lightning's ``*.tmp``."""
+    return [p for root in roots if root.exists() for p in root.rglob("*.tmp")]
+
+
+def assert_same_series(resumed: list[dict[str, str]], straight: list[dict[str, str]]) -> None:
+    """Row for row (in step order) the same metrics and values (to 1e-6 relative) in every non-process column."""
+    columns = {k for k in straight[0] if not PROCESS_COLUMNS.search(k)}
+    assert {k for k in resumed[0] if not PROCESS_COLUMNS.search(k)} == columns
+    assert any(k.startswith("val/") for k in columns) and "train/loss" in columns
+
+    def key(row):  # which metrics a row carries: several rows share a step
+        return int(row["step"]), sorted(k for k in columns if row[k] and k not in ("step", "epoch"))
+
+    # In step order (a callback may log at step k + 1 while step k's rows are still to come),
+    # leaving out rows that carry process columns only.
+    resumed, straight = (sorted((r for r in rows if key(r)[1]), key=lambda r: int(r["step"])) for rows in (resumed, straight))
+    assert [key(r) for r in resumed] == [key(r) for r in straight], "rows missing or duplicated"
+    for a, b in zip(resumed, straight):
+        for k in sorted(columns):
+            if a[k] != b[k]:
+                assert math.isclose(float(a[k]), float(b[k]), rel_tol=1e-6), f"step {b['step']}: {k} = {a[k]} resumed, {b[k]} straight"
+
+
+# -- 1. kill -9, then resume ---------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["encoder", "decoder"])
+def test_sigkill_then_resume_matches_the_uninterrupted_run(model, tmp_path, tiny_corpus, cache_dir):
+    args = [*corpus_args(tiny_corpus), *RUN, *GEOMETRY_EVERY_CHECKPOINT, f"model={model}"]
+    straight = start(tmp_path / "straight", args, cache_dir)
+    killed = start(tmp_path / "killed", args, cache_dir)
+    run = tmp_path / "killed"
+    # Kill between checkpoints: a few steps after step 20's, so the resume re-does logged steps.
+    wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 24, killed, "step 24")
+    killed.send_signal(signal.SIGKILL)
+    assert finish(killed).returncode == -signal.SIGKILL  # really killed: no handler ran
+    resume_step = load_ckpt(run / "checkpoints" / "last.ckpt")["global_step"]
+    assert 20 <= resume_step < STEPS
+    assert resume_step - 1 in logged_steps(run / "csv" / "metrics.csv"), (
+        "killed inside the instant between a checkpoint and its step's log row (see docs/RELIABILITY.md)"
+    )
+
+    resumed = finish(start(tmp_path / "resumed", [*args, f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], cache_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    done = finish(straight)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    assert not (tmp_path / "resumed" / "checkpoints").exists()  # it continued the killed run's directory
+    straight_rows = read_rows(tmp_path / "straight" / "csv" / "metrics.csv")
+    assert logged_steps(tmp_path / "straight" / "csv" / "metrics.csv") == list(range(STEPS))
+    assert_same_series(read_rows(run / "csv" / "metrics.csv"), straight_rows)
+    a, b = load_ckpt(run / "checkpoints" / "last.ckpt"), load_ckpt(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    assert a["global_step"] == b["global_step"] == STEPS
+    for name, tensor in b["state_dict"].items():
+        assert torch.equal(a["state_dict"][name], tensor), f"{name} differs after the resume"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted(
+        p.name for p in (tmp_path / "straight" / "checkpoints").iterdir()
+    )
+    assert not temp_files(tmp_path)
+
+
+# -- 2. SIGTERM / Ctrl-C -------------------------------------------------------------------------
+@pytest.mark.parametrize("sig,exit_code", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 1)], ids=["SIGTERM", "SIGINT"])
+def test_interrupt_saves_last_ckpt_at_the_interrupted_step(sig, exit_code, tmp_path, tiny_corpus, cache_dir):
+    run = tmp_path / "run"
+    proc = start(run, [*corpus_args(tiny_corpus), *RUN, "trainer.max_steps=5000"], cache_dir)
+    wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 14, proc, "step 14")
+    proc.send_signal(sig)
+    result = finish(proc, timeout=60)
+    assert result.returncode == exit_code, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    if sig == signal.SIGTERM:
+        assert error_lines(result.stderr) == [f"error: stopped by SIGTERM; resume with ckpt_path={run}/checkpoints/last.ckpt"]
+    interrupted = int(re.search(r"interrupted at step (\d+)", (run / "train.log").read_text()).group(1))
+    periodic = max(int(p.stem[4:]) for p in (run / "checkpoints").glob("step*.ckpt"))
+    last = load_ckpt(run / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == interrupted >= periodic and interrupted > 10
+    assert {"state_dict", "optimizer_states", "loops", "rng_states"} <= set(last)
+    assert resolve_checkpoint(str(run / "checkpoints" / "last.ckpt"), tmp_path / "new") == (
+        run / "checkpoints" / "last.ckpt", run, interrupted  # a resume accepts it and continues this run
+    )
+    assert not temp_files(run)
+
+
+# -- 3. NaN / inf loss ---------------------------------------------------------------------------
+def test_nan_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tiny_corpus, cache_dir, monkeypatch):
+    from model.transformer import LanguageModel
+
+    calls = {"train": 0}
+    original = LanguageModel.cross_entropy
+
+    def nan_from_step_5(self, logits, targets):
+        loss = original(self, logits, targets)
+        if self.training and logits.device.type != "meta":  # (the FLOP count runs it on a meta copy)
+            calls["train"] += 1  # the k-th training call is global step k - 1
+            if calls["train"] > 5:
+                return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(LanguageModel, "cross_entropy", nan_from_step_5)
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["trainer.max_steps=10", "trainer.val_check_interval=10"])
+    with pytest.raises(NonFiniteLossError, match=r"^training loss is nan at step 5; stopping") as err:
+        train(cfg)
+    assert "\n" not in str(err.value)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "step000002.ckpt", "step000004.ckpt"]
+    last = load_ckpt(ckpts / "last.ckpt")
+    assert last["global_step"] == 4  # not overwritten at or after the NaN step
+    assert all(torch.isfinite(t).all() for t in last["state_dict"].values())
+    assert logged_steps(tmp_path / "run" / "csv" / "metrics.csv") == [0, 1, 2, 3, 4]
+    assert not temp_files(tmp_path)
+
+
+# -- 4. run metadata -----------------------------------------------------------------------------
+def test_run_directory_records_the_resolved_config_versions_and_commit(tmp_path, tiny_corpus, cache_dir):
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["trainer.max_steps=2", "pe=rope"])
+    train(cfg)
+    run = tmp_path / "run"
+    saved = (run / "config.yaml").read_text()
+    assert "${" not in saved  # resolved: run_name, paths, seeds are values
+    assert OmegaConf.to_container(OmegaConf.create(saved)) == OmegaConf.to_container(cfg, resolve=True)
+    assert OmegaConf.create(saved).run_name == "decoder-rope-s0"
+    info = json.loads((run / "run_info.json").read_text())
+    for package in ("torch", "lightning", "hydra-core", "numpy"):
+        assert info["packages"][package] == metadata.version(package)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if head:
+        assert info["git_commit"] == head
+    assert info["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert info["vocab_size"] == 300 and info["tokens"]["train"] > 0 and info["n_parameters"] > 0
+
+
+# -- 5. bad inputs, in-process: one line, nothing written ----------------------------------------
+@pytest.fixture(scope="module")
+def real_checkpoint(tmp_path_factory, tiny_corpus, cache_dir) -> Path:
+    root = tmp_path_factory.mktemp("ckpt")
+    train(tiny_train_config(root, tiny_corpus, cache_dir, ["trainer.max_steps=2"]))
+    return root / "run" / "checkpoints" / "last.ckpt"
+
+
+def _text_files(tmp_path, train_text, val_text):
+    (tmp_path / "train.txt").write_text(train_text)
+    (tmp_path / "val.txt").write_text(val_text)
+    return {"train": tmp_path / "train.txt", "validation": tmp_path / "val.txt"}
+
+
+BAD_INPUTS = {
+    "garbage_checkpoint": (ConfigError, r"ckpt_path=.*bad.ckpt is not a readable Lightning checkpoint \(\w+: "),
+    "truncated_checkpoint": (ConfigError, r"ckpt_path=.*cut.ckpt is not a readable Lightning checkpoint"),
+    "missing_checkpoint": (ConfigError, r"ckpt_path=.*nope.ckpt: no checkpoint file at"),
+    "last_without_checkpoint": (ConfigError, r"ckpt_path=last: no checkpoint file at .*run/checkpoints/last.ckpt"),
+    "output_dir_under_a_file": (ConfigError, r"paths.output_dir=.*file.txt/run is not writable \(Not a directory\)"),
+    "char_vocab_below_specials": (ConfigError, r"data.vocab_size=2 is too small for the char tokenizer: it needs at least 4"),
+    "empty_train_file": (CorpusError, r"the corpus is empty: its train split has no text"),
+    "whitespace_validation_file": (CorpusError, r"the corpus is empty: its validation split has no text"),
+    "tiny_corpus": (CorpusError, r"the corpus is too small: its validation split has \d+ tokens, data.seq_len=16 needs at least 17"),
+    "max_steps_negative": (ConfigError, r"trainer.max_steps=-1 must be a positive number of steps"),
+    "lr_zero": (ConfigError, r"optimizer.lr=0.0 must be positive"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_clear_line_and_writes_nothing(case, tmp_path, tiny_corpus, real_checkpoint):
+    corpus, extra = tiny_corpus, []
+    if case == "garbage_checkpoint":
+        (tmp_path / "bad.ckpt").write_bytes(os.urandom(4096))
+        extra = [f"ckpt_path={tmp_path / 'bad.ckpt'}"]
+    elif case == "truncated_checkpoint":
+        data = real_checkpoint.read_bytes()
+        (tmp_path / "cut.ckpt").write_bytes(data[: len(data) // 2])
+        extra = [f"ckpt_path={tmp_path / 'cut.ckpt'}"]
+    elif case == "missing_checkpoint":
+        extra = [f"ckpt_path={tmp_path / 'nope.ckpt'}"]
+    elif case == "last_without_checkpoint":
+        extra = ["ckpt_path=last"]
+    elif case == "char_vocab_below_specials":
+        extra = ["data.tokenizer=char", "data.vocab_size=2"]
+    elif case == "empty_train_file":
+        corpus = _text_files(tmp_path, "", "some validation text " * 50)
+    elif case == "whitespace_validation_file":
+        corpus = _text_files(tmp_path, "some training text " * 50, " \n\t\n  ")
+    elif case == "tiny_corpus":
+        corpus = _text_files(tmp_path, "to be or not to be " * 200, "tiny")
+    elif case == "max_steps_negative":
+        extra = ["trainer.max_steps=-1"]
+    elif case == "lr_zero":
+        extra = ["optimizer.lr=0.0"]
+    cache = tmp_path / "cache"
+    cfg = tiny_train_config(tmp_path, corpus, cache, extra)
+    if case == "output_dir_under_a_file":
+        (tmp_path / "file.txt").write_text("a regular file")
+        cfg.paths.output_dir = str(tmp_path / "file.txt" / "run")
+    error, message = BAD_INPUTS[case]
+    with pytest.raises(error, match=message) as err:
+        train(cfg)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "csv").exists()
+    assert not temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("model", ["decoder", "encoder"])
+def test_learned_pe_rejects_a_longer_input_at_eval_time(model, tmp_path):
+    cfg = compose_train_config([f"model={model}", "pe=learned", "pe.max_len=16", "data.seq_len=16", "model.d_model=32"], tmp_path)
+    net = build_model(cfg, SimpleNamespace(vocab_size=300, mask_token_id=1)).eval()
+    with torch.no_grad():
+        assert net(torch.zeros(2, 16, dtype=torch.long)).shape == (2, 16, 300)
+        with pytest.raises(ValueError, match=r"sequence of 17 tokens is longer than the learned position table \(pe.max_len=16\)"):
+            net(torch.zeros(2, 17, dtype=torch.long))
+
+
+# -- 5b. bad inputs through the CLI: exit code, one ``error:`` line, no traceback ----------------
+def _cli_cases(tmp: Path, corpus: dict[str, Path], checkpoint: Path) -> dict[str, tuple[list[str], Path]]:
+    """name -> (train.py arguments, cache dir); all run before the first test that reads them."""
+    good = [*corpus_args(corpus), *RUN]
+    bad_utf8 = tmp / "latin1.txt"
+    bad_utf8.write_bytes("Sc\u00e8ne premi\u00e8re. ".encode("latin-1") * 100)
+    (tmp / "file.txt").write_text("a regular file")
+    data = checkpoint.read_bytes()
+    (tmp / "cut.ckpt").write_bytes(data[: len(data) // 3])
+    # A cache entry whose token stream is cut short: it must be reported and rebuilt.
+    from data.corpus import TextFilesCorpus
+    from data.datamodule import TextDataModule
+
+    corrupt_cache = tmp / "corrupt-cache"
+    dm = TextDataModule(TextFilesCorpus([str(corpus["train"])], [str(corpus["validation"])]), vocab_size=300, seq_len=32,
+                        batch_size=8, cache_dir=str(corrupt_cache / "data"))
+    dm.prepare_data()
+    stream = dm.cache_entry / "train.npy"
+    stream.write_bytes(stream.read_bytes()[:1000])
+    cache = tmp / "cache"
+    return {
+        "non_utf8_file": ([*good, f"data.corpus.train_files=[{bad_utf8}]"], cache),
+        "truncated_checkpoint": ([*good, f"ckpt_path={tmp / 'cut.ckpt'}"], cache),
+        "output_dir_under_a_file": ([*good, f"paths.output_dir={tmp / 'file.txt' / 'run'}"], cache),
+        "run_dir_under_a_file": ([*good, f"hydra.run.dir={tmp / 'file.txt' / 'run'}"], cache),
+        "nan_loss": ([*good, "optimizer.lr=1e30", "optimizer.warmup_steps=1", "callbacks.checkpoint.every_n_train_steps=1"], cache),
+        "corrupt_cache": ([*good, "trainer.max_steps=2"], corrupt_cache),
+    }
+
+
+@pytest.fixture(scope="module")
+def cli_results(tmp_path_factory, tiny_corpus, real_checkpoint) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    tmp = tmp_path_factory.mktemp("cli")
+    cases = _cli_cases(tmp, tiny_corpus, real_checkpoint)
+
+    def run(name):
+        args, cache = cases[name]
+        (tmp / name).mkdir()
+        # The last hydra.run.dir wins: the run_dir_under_a_file case overrides this one.
+        return finish(start(tmp / name / "run", args, cache)), tmp / name / "run"
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(cases, pool.map(run, cases)))
+    results["_tmp"] = tmp
+    return results
+
+
+CLI_ERRORS = {
+    "non_utf8_file": (
+        2,
+        r"error: .*latin1.txt is not valid UTF-8 \(byte 2: b'\\xe8'\); convert it, or set data.corpus.encoding_errors=replace",
+    ),
+    "truncated_checkpoint": (2, r"error: ckpt_path=.*cut.ckpt is not a readable Lightning checkpoint"),
+    "output_dir_under_a_file": (2, r"error: paths.output_dir=.*file.txt/run is not writable \(Not a directory\)"),
+    "run_dir_under_a_file": (2, r"error: hydra.run.dir=.*file.txt/run cannot be created: .*file.txt is a file, not a directory"),
+    "nan_loss": (1, r"error: training loss is (nan|inf) at step \d+; stopping. The last good checkpoint is kept.*"),
+}
+
+
+@pytest.mark.parametrize("case", list(CLI_ERRORS))
+def test_cli_bad_input_exits_with_one_error_line(case, cli_results):
+    result, run = cli_results[case]
+    code, message = CLI_ERRORS[case]
+    assert result.returncode == code, result.stderr[-3000:]
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and re.match(message, lines[0]), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not temp_files(cli_results["_tmp"])
+    if case == "nan_loss":  # a checkpoint every step: the one before the NaN step is last, nothing later
+        step = int(re.search(r"at step (\d+)", lines[0]).group(1))
+        assert step >= 1
+        expected = ["last.ckpt", *(f"step{s:06d}.ckpt" for s in range(1, step + 1))]
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == expected
+        assert load_ckpt(run / "checkpoints" / "last.ckpt")["global_step"] == step
+    else:
+        assert not (run / "checkpoints").exists()
+
+
+def test_cli_corrupt_cache_is_reported_and_rebuilt(cli_results):
+    result, run = cli_results["corrupt_cache"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (run / "train.log").read_text()
+    assert re.search(r"WARNING.*token cache .* is corrupt \(\w+: .*\); rebuilding it", log), log[-2000:]
+    assert (run / "checkpoints" / "last.ckpt").exists()
+    assert not temp_files(cli_results["_tmp"])
+
+
+# -- 6. DDP (2 CPU processes, gloo) ----------------------------------------------------------------
+def test_epoch_sampler_gives_ranks_disjoint_blocks_and_resumes_per_rank():
+    n, world = 103, 2
+    shards = [list(EpochShuffleSampler(n, seed=3, rank=r, world_size=world)) for r in range(world)]
+    assert [len(s) for s in shards] == [51, 51] == [len(EpochShuffleSampler(n, 3, r, world)) for r in range(world)]
+    assert not set(shards[0]) & set(shards[1]) and len(set(shards[0]) | set(shards[1])) == 102
+    single = list(EpochShuffleSampler(n, seed=3))  # one process: the whole permutation, as before
+    assert sorted(single) == list(range(n)) and single[:102][0::2] == shards[0] and single[:102][1::2] == shards[1]
+    resumed = EpochShuffleSampler(n, seed=3, rank=1, world_size=world)
+    resumed.skip = 8  # this rank had consumed 8 samples (one batch) of the epoch
+    assert list(resumed) == shards[1][8:]
+    epoch1 = EpochShuffleSampler(n, seed=3, rank=1, world_size=world)
+    epoch1.set_epoch(1)
+    assert list(epoch1) != shards[1]
+
+
+def test_datamodule_shards_training_data_by_rank(tmp_path, tiny_corpus, cache_dir):
+    from hydra.utils import instantiate
+
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir)
+    seen = []
+    for rank in range(2):
+        dm = instantiate(cfg.data)
+        dm.prepare_data()
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, training=False)
+        seen.append(list(dm.train_dataloader().sampler))
+    assert seen[0] and len(seen[0]) == len(seen[1]) and not set(seen[0]) & set(seen[1])
+
+
+def _ddp_run(tmp_path, tiny_corpus, cache_dir, extra: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+    run = tmp_path / "run"
+    args = [*corpus_args(tiny_corpus), *RUN, "trainer=ddp", "logger=default", "trainer.max_steps=8",
+            "trainer.val_check_interval=4", "callbacks.checkpoint.every_n_train_steps=4", *extra]
+    proc = start(run, args, cache_dir)
+    return finish(proc, timeout=75), run
+
+
+def _assert_one_clean_ddp_run(result, run: Path, tmp_path: Path) -> None:
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Starting with 2 processes" in result.stderr
+    assert logged_steps(run / "csv" / "metrics.csv") == list(range(8))  # each step once: rank 1 logs nothing
+    assert len(logged_steps(run / "csv" / "metrics.csv", "val/loss")) == 2
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step000004.ckpt", "step000008.ckpt"]
+    assert load_ckpt(run / "checkpoints" / "last.ckpt")["global_step"] == 8
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 1  # one W&B run, from rank 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # rank 1 made no run directory of its own
+    assert not temp_files(tmp_path)
+
+
+def test_ddp_two_cpu_processes_train_one_run_with_the_default_callbacks(tmp_path, tiny_corpus, cache_dir):
+    """Two gloo processes with the default callbacks. A callback that runs a collective on rank 0 only
+    (``trainer.log_dir`` broadcasts) deadlocks the two processes here, and the run times out."""
+    result, run = _ddp_run(tmp_path, tiny_corpus, cache_dir, [])
+    _assert_one_clean_ddp_run(result, run, tmp_path)
+    # Geometry is measured on rank 0 only: one row at initialisation and one at the end, no duplicates.
+    assert logged_steps(run / "csv" / "metrics.csv", "geometry/abs_cos_mean")[0] == 0
+    geometry_steps = logged_steps(run / "csv" / "metrics.csv", "geometry/abs_cos_mean")
+    assert len(geometry_steps) == len(set(geometry_steps))
