@@ -1,7 +1,7 @@
 """Speed of the framework against plain PyTorch, measured in one process.
 
     python experiments/benchmark.py               # default + larger config, eager + compiled, all PE types
-    python experiments/benchmark.py --quick       # default config only, fewer steps
+    python experiments/benchmark.py --quick       # default config only, eager, one round (a smoke test)
 
 Every figure is measured in this run on this machine:
 1. training tokens/s of the project's decoder through its real training path
@@ -20,6 +20,7 @@ import argparse
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -76,6 +77,11 @@ class PlainGPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
+
+    def loss(self, block: torch.Tensor) -> torch.Tensor:
+        """Next-token loss on a (B, T+1) block, as the project's models define it (used for FLOP counting)."""
+        logits = self(block[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1))
 
 
 def time_plain_loop(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> float:
@@ -195,50 +201,119 @@ def tokens_per_s(cfg, step_time: float) -> float:
     return cfg.data.batch_size * cfg.data.seq_len / step_time
 
 
+def profile_breakdown(cfg, datamodule, steps: int = 3) -> list[tuple[str, float]]:
+    """Share of one eager training step's CPU time per kind of op (torch.profiler), to show what limits speed.
+
+    Matrix multiplies (forward and backward, attention included) are what torch.compile cannot speed
+    up on CPU; it can only fuse the remainder (norms, GELU, the output softmax, AdamW).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    model = build_model(cfg, datamodule)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    batches = iter(datamodule.train_dataloader())
+
+    def step():
+        loss = model.loss(next(batches))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    step()  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    kinds = {
+        "matmul (mm/addmm/bmm, fwd+bwd)": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+        "fused attention kernel": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
+        "optimizer (AdamW) + grad clipping": ("aten::_foreach", "aten::_fused_adamw", "aten::norm", "aten::linalg_vector_norm"),
+        # The vocab-sized softmax: log_softmax forward/backward and the zero-filled (B*T, vocab) gradient
+        # that nll_loss's backward writes into (aten::fill_).
+        "output log-softmax + cross-entropy": ("aten::_log_softmax", "aten::nll_loss", "aten::fill_"),
+        "layer norm, GELU": ("aten::native_layer_norm", "aten::gelu"),
+    }
+    totals = {k: 0.0 for k in kinds}
+    # Self CPU time of each op; the step's wall time is what the shares are taken of.
+    for evt in prof.key_averages():
+        for kind, prefixes in kinds.items():
+            if evt.key.startswith(prefixes):
+                totals[kind] += evt.self_cpu_time_total
+                break
+    wall = sum(e.self_cpu_time_total for e in prof.key_averages())
+    shares = [(k, v / wall) for k, v in totals.items()]
+    shares.append(("everything else (copies, views, adds, embedding, autograd bookkeeping)", 1 - sum(v for _, v in shares)))
+    return shares
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="default config only, no compile, fewer PE rows")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measurements per figure, project and baseline interleaved; the table shows medians "
+                             "(one 2-core measurement varies by about +-10%%)")
+    parser.add_argument("--quick", action="store_true", help="default config only, no compile, one round")
     args = parser.parse_args()
+    rounds = 1 if args.quick else args.rounds
     torch.set_float32_matmul_precision("high")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads; {args.steps} timed steps after {args.warmup} warm-up, median of {rounds} round(s)")
     peak = matmul_peak_flops()
     print(f"measured fp32 matmul peak (1024^3): {peak / 1e9:.1f} GFLOP/s\n")
 
     configs = {"default": [], "larger": LARGER}
     if args.quick:
         configs = {"default": []}
-    print("| config | path | project tok/s | plain tok/s | project / plain | MFU (project) |")
+    print("| config | path | project tok/s | plain tok/s | project / plain (range over rounds) | MFU (project) |")
     print("|---|---|---|---|---|---|")
     eager_time: dict[str, float] = {}
+    profiles = {}
     for name, overrides in configs.items():
         cfg = compose_cfg(["pe=learned", *overrides])
         dm = build_datamodule(cfg)
         flops = training_flops_per_batch(build_model(cfg, dm), cfg.data.batch_size, cfg.data.seq_len)
         for compiled in ([False] if args.quick else [False, True]):
-            t_proj, task = time_project(cfg, dm, args.steps, args.warmup, compiled)
-            t_plain = time_plain_loop(cfg, dm, args.steps, args.warmup, compiled)
+            proj, plain = [], []
+            for _ in range(rounds):  # interleaved, so a slow spell of the machine hits both
+                proj.append(time_project(cfg, dm, args.steps, args.warmup, compiled)[0])
+                plain.append(time_plain_loop(cfg, dm, args.steps, args.warmup, compiled))
+            t_proj, t_plain = median(proj), median(plain)
+            ratios = [b / a for a, b in zip(proj, plain)]
             label = "compiled" if compiled else "eager"
             if not compiled:
                 eager_time[name] = t_proj
             print(f"| {name} | {label} | {tokens_per_s(cfg, t_proj):,.0f} | {tokens_per_s(cfg, t_plain):,.0f} | "
-                  f"{t_plain / t_proj:.2f}x | {flops / t_proj / peak:.2f} |")
+                  f"{t_plain / t_proj:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {flops / t_proj / peak:.2f} |")
             if compiled:
                 print(f"| {name} | compiled vs project eager | | | {eager_time[name] / t_proj:.2f}x | |")
+        if not args.quick:
+            profiles[name] = profile_breakdown(cfg, dm)
+
+    for name, shares in profiles.items():
+        print(f"\nwhere an eager training step's CPU time goes ({name} config, torch.profiler self time):")
+        for kind, share in shares:
+            print(f"  {100 * share:5.1f} %  {kind}")
 
     print("\n| pe | attention | tok/s (default config, eager) | vs sdpa+learned |")
     print("|---|---|---|---|")
-    reference = None
     pes = ["learned", "sinusoidal", "rope", "alibi", "none"]
-    for pe in pes:
-        for attention in ("sdpa", "mha"):
+    combos = [(pe, attention) for pe in pes for attention in ("sdpa", "mha")]
+    times: dict[tuple[str, str], list[float]] = {c: [] for c in combos}
+    for _ in range(rounds):
+        for pe, attention in combos:
             cfg = compose_cfg([f"pe={pe}", f"attention={attention}"])
             dm = build_datamodule(cfg)
-            t, task = time_project(cfg, dm, args.steps, args.warmup, compiled=False)
-            reference = reference or t
-            print(f"| {pe} | {attention} | {tokens_per_s(cfg, t):,.0f} | {reference / t:.2f}x |")
+            times[(pe, attention)].append(time_project(cfg, dm, args.steps, args.warmup, compiled=False)[0])
+    reference = median(times[("learned", "sdpa")])
+    for pe, attention in combos:
+        t = median(times[(pe, attention)])
+        print(f"| {pe} | {attention} | {tokens_per_s(cfg, t):,.0f} | {reference / t:.2f}x |")
 
     cfg = compose_cfg(["pe=sinusoidal"])
     dm = build_datamodule(cfg)

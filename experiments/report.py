@@ -106,8 +106,15 @@ BASELINE_NOTES = {
               "subspaces. shuffled: the overlap with positions shuffled across rows (keeps the hidden states' anisotropy).",
     "attn": "No chance level: the five shares sum to 1 per head (a share can leave [0, 1] when terms cancel).",
 }
+# Hidden-state panels show the input of the last block: the deepest representation that still has to carry
+# position for attention to use. The model output only predicts the next token and sheds position.
 OVERVIEW_KEYS = ["geometry/abs_cos_mean", "geometry/overlap_k8", "geometry/norm_ratio_p_over_e",
-                 "geometry/hidden/layer{last}/position_probe_r2", "geometry/hidden/layer{last}/overlap_pos_tok_k8"]
+                 "geometry/hidden/layer{probe}/position_probe_r2", "geometry/hidden/layer{probe}/overlap_pos_tok_k8"]
+
+
+def probe_layer(n_layers: int) -> int:
+    """Index of the last block's input in the hidden-state series (layer 0 = embedding output)."""
+    return max(n_layers - 1, 0)
 PRETRAINED_INPUT_ROWS = ["cos_mean", "cos_std", "abs_cos_mean", "abs_cos_over_chance", "angle_mean_deg", "angle_std_deg",
                          "overlap_k8", "overlap_var90", "angle_mean_k8_deg", "erank_E", "erank_P", "norm_ratio_p_over_e"]
 
@@ -191,7 +198,10 @@ def load_run(run_dir: Path) -> Run:
             choices = yaml.safe_load(hydra_path.read_text())["hydra"]["runtime"]["choices"] or {}
         except (KeyError, TypeError, yaml.YAMLError):
             choices = {}
-    run = Run(run_dir, _choice(config, choices, "model"), _choice(config, choices, "pe"), int(config.get("seed", 0)),
+    pe = _choice(config, choices, "pe")
+    if (config.get("embedding") or {}).get("scaled"):
+        pe += " + scaled emb"  # x sqrt(d_model) embeddings change the geometry: never pool them with plain ones
+    run = Run(run_dir, _choice(config, choices, "model"), pe, int(config.get("seed", 0)),
               config, read_metrics(run_dir / "csv" / "metrics.csv"))
     extrapolation = run_dir / "length_extrapolation.json"
     if extrapolation.is_file():
@@ -220,7 +230,11 @@ def find_runs(root: Path) -> list[Run]:
 def group_runs(runs: list[Run]) -> list[Group]:
     """Groups by (model, PE type), PE types in the study's order, seeds ascending."""
     models = sorted({r.model for r in runs})
-    pes = sorted({r.pe for r in runs}, key=lambda p: (PE_ORDER.index(p) if p in PE_ORDER else len(PE_ORDER), p))
+    def order(pe: str) -> tuple[int, str]:
+        base = pe.split(" ")[0]
+        return PE_ORDER.index(base) if base in PE_ORDER else len(PE_ORDER), pe
+
+    pes = sorted({r.pe for r in runs}, key=order)
     extra = iter(EXTRA_COLORS * 4)
     colors = {pe: PE_COLORS.get(pe) or next(extra) for pe in pes}
     groups = []
@@ -410,25 +424,23 @@ def _plot_group_line(ax, group: Group, key: str, label: str | None) -> bool:
 
 
 def _plot_baseline(ax, groups: list[Group], key: str, suffix: str):
-    """Draw key+suffix pooled over all groups: one labelled horizontal line if it is constant, else mean + range.
+    """Draw key+suffix: one labelled horizontal line if it is the same constant for every run; else one thin
+    line per PE type in its colour (a baseline that depends on the run, e.g. chance for a subspace whose
+    dimension the run's own spectrum sets, must be read against its own PE type, not a pooled mean).
 
-    Returns the line (for the panel's own legend) or None if no run logged this baseline.
+    Returns a black legend handle (for the panel's own legend) or None if no run logged this baseline.
     """
-    pooled = [agg for g in groups if (agg := aggregate([r.series[key + suffix] for r in g.runs if key + suffix in r.series]))]
-    if not pooled:
+    per_group = [(g, agg) for g in groups if (agg := aggregate([r.series[key + suffix] for r in g.runs if key + suffix in r.series]))]
+    if not per_group:
         return None
     style, text = COMPANIONS[suffix]
-    values = np.concatenate([mean for _, mean, _, _ in pooled] + [lo for _, _, lo, _ in pooled] + [hi for _, _, _, hi in pooled])
+    values = np.concatenate([np.concatenate([lo, hi]) for _, (_, _, lo, hi) in per_group])
     lo_all, hi_all = float(np.nanmin(values)), float(np.nanmax(values))
     if hi_all - lo_all <= 1e-9 + 1e-6 * abs(hi_all):
         return ax.axhline(hi_all, color="black", ls=style, lw=1.2, label=f"{text} = {fmt(hi_all)}", zorder=1)
-    steps = np.array(sorted({s for st, _, _, _ in pooled for s in st.tolist()}))
-    curves = np.stack([np.interp(steps, st, mean) for st, mean, _, _ in pooled])
-    lows = np.stack([np.interp(steps, st, lo) for st, _, lo, _ in pooled]).min(axis=0)
-    highs = np.stack([np.interp(steps, st, hi) for st, _, _, hi in pooled]).max(axis=0)
-    (line,) = ax.plot(steps, curves.mean(axis=0), color="black", ls=style, lw=1.2, label=f"{text} (all runs: mean, range)", zorder=1)
-    ax.fill_between(steps, lows, highs, color="black", alpha=0.07, lw=0)
-    return line
+    for g, (steps, mean, _, _) in per_group:
+        ax.plot(steps, mean, color=g.color, ls=style, lw=1.0, alpha=0.8, zorder=1)
+    return Line2D([], [], color="black", ls=style, lw=1.0, label=f"{text} (each PE type, its colour)")
 
 
 def _baselines(ax, groups: list[Group], key: str) -> None:
@@ -524,7 +536,7 @@ def plot_loss(groups: list[Group], path: Path) -> bool:
 
 def plot_overview(groups: list[Group], families: dict, path: Path) -> bool:
     n_layers = max((_n_layers(g) or 0) for g in groups)
-    keys = [k.format(last=n_layers) for k in OVERVIEW_KEYS]
+    keys = [k.format(probe=probe_layer(n_layers)) for k in OVERVIEW_KEYS]
     keys = [k for k in keys if any(k in r.series for g in groups for r in g.runs)]
     panels = ["val/loss", *keys] if any("val/loss" in r.series for g in groups for r in g.runs) else keys
     if not panels:
@@ -759,7 +771,8 @@ def write_markdown(ctx: dict) -> str:
     lines += ["## Key figures", ""]
     n_layers = max((_n_layers(g) or 0) for g in groups)
     key_cols = [("geometry/abs_cos_mean", "mean abs cos (word, pos)"), ("geometry/overlap_k8", "overlap top-8"),
-                (f"geometry/hidden/layer{n_layers}/position_probe_r2", f"position probe R², layer {n_layers}")]
+                (f"geometry/hidden/layer{probe_layer(n_layers)}/position_probe_r2",
+                 f"position probe R², layer {probe_layer(n_layers)} (last block's input)")]
     logged = {k for r in runs for k in r.series}
     key_cols = [(k, name) for k, name in key_cols if k in logged or (section_of(k) == "input" and any(
         x.startswith("geometry/") for x in logged))]

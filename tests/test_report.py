@@ -181,3 +181,18 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
     assert "geometry/abs_cos_mean" not in summary["groups"]["rope"]["measures"]
     assert learned["extrapolation"]["lengths"]["40"]["loss"] == "n/a"
     assert summary["groups"]["rope"]["extrapolation"]["lengths"]["40"]["loss"]["n"] == 2
+
+
+def test_scaled_embedding_runs_form_their_own_group(tmp_path):
+    """Runs that differ only in embedding scale must never be pooled into one mean (their geometry differs)."""
+    from experiments.report import find_runs, group_runs
+
+    for name, scaled, seed in [("a", False, 0), ("b", False, 1), ("c", True, 0)]:
+        run = tmp_path / name
+        (run / "csv").mkdir(parents=True)
+        (run / "config.yaml").write_text(
+            f"seed: {seed}\nmodel: {{_target_: model.DecoderLM}}\npe: {{_target_: model.SinusoidalPE}}\n"
+            f"embedding: {{scaled: {str(scaled).lower()}}}\n")
+        (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,5.0\n1,4.0\n")
+    groups = group_runs(find_runs(tmp_path))
+    assert [(g.label, g.seeds) for g in groups] == [("sinusoidal", [0, 1]), ("sinusoidal + scaled emb", [0])]

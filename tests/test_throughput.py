@@ -27,5 +27,23 @@ def test_throughput_is_logged(tmp_path, tiny_corpus, cache_dir):
         rows = list(csv.DictReader(f))
     tokens_per_s = [float(r["train/device/items_per_sec"]) for r in rows if r.get("train/device/items_per_sec")]
     flops_per_s = [float(r["train/device/flops_per_sec"]) for r in rows if r.get("train/device/flops_per_sec")]
+    samples_per_s = [float(r["train/device/samples_per_sec"]) for r in rows if r.get("train/device/samples_per_sec")]
     assert tokens_per_s and all(t > 0 for t in tokens_per_s)
+    seq_len = 16  # TINY
+    assert tokens_per_s == pytest.approx([s * seq_len for s in samples_per_s], rel=1e-6)  # every token of every block
     assert flops_per_s and all(f > 0 for f in flops_per_s)
+
+
+def test_benchmark_baseline_has_the_project_decoders_shape():
+    """The plain-PyTorch baseline in experiments/benchmark.py must do the same work as the project's
+    decoder with learned PE (same parameters, same matmul FLOPs), or its speed ratio means nothing."""
+    from functools import partial
+
+    from experiments.benchmark import PlainGPT
+    from model import LearnedPE
+
+    V, d, L, H, T = 300, 32, 2, 4, 16
+    project = DecoderLM(vocab_size=V, d_model=d, n_heads=H, n_layers=L, pe=partial(LearnedPE, max_len=T))
+    plain = PlainGPT(V, d, L, H, max_len=T)
+    assert sum(p.numel() for p in project.parameters()) == sum(p.numel() for p in plain.parameters())
+    assert training_flops_per_batch(project, batch_size=2, seq_len=T) == training_flops_per_batch(plain, batch_size=2, seq_len=T)
