@@ -77,3 +77,26 @@ def test_cli_runs_a_sweep(tmp_path, tiny_corpus):
     for run in runs:
         assert (tmp_path / "sweep" / run / "checkpoints" / "last.ckpt").exists()
         assert (tmp_path / "sweep" / run / ".hydra" / "config.yaml").exists()
+
+
+def test_speed_options_train(tmp_path, tiny_corpus, cache_dir):
+    """bf16 autocast and gradient accumulation (issue: options users expect) run through the normal path:
+    4 optimiser steps of 2 micro-batches each, finite losses, the step counter counts optimiser steps."""
+    cfg = tiny_train_config(
+        tmp_path, tiny_corpus, cache_dir,
+        ["trainer.precision=bf16-mixed", "trainer.accumulate_grad_batches=2", "trainer.max_steps=4",
+         "trainer.val_check_interval=8", "matmul_precision=medium"],
+    )
+    metrics = train(cfg)
+    assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"])
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 4
+
+
+def test_compiled_model_trains_and_matches_eager_loss(tmp_path, tiny_corpus, cache_dir):
+    """compile=true wraps the model with torch.compile; the first step's loss equals eager's (same seed)."""
+    def first_loss(sub, compiled):
+        train(tiny_train_config(tmp_path / sub, tiny_corpus, cache_dir, [f"compile={compiled}", "trainer.max_steps=2"]))
+        return float(next(r["train/loss"] for r in read_csv(tmp_path / sub / "run" / "csv" / "metrics.csv") if r["train/loss"]))
+
+    assert first_loss("compiled", "true") == pytest.approx(first_loss("eager", "false"), rel=1e-4)
