@@ -180,7 +180,7 @@ def geometry_overhead(cfg, datamodule, task, step_time: float) -> tuple[float, f
             callback.measure(task.model)
     per_record = (time.perf_counter() - start) / 3
     max_steps, every = cfg.trainer.max_steps, callback.every_n_steps
-    records = max_steps // every + 2  # step 0, every N steps, the end
+    records = len(range(0, max_steps, every)) + 1  # step 0 and every N steps before the end, then the end
     return per_record, 100 * records * per_record / (max_steps * step_time)
 
 

@@ -467,3 +467,42 @@ def test_ddp_two_cpu_processes_train_one_run_with_the_default_callbacks(tmp_path
     assert logged_steps(run / "csv" / "metrics.csv", "geometry/abs_cos_mean")[0] == 0
     geometry_steps = logged_steps(run / "csv" / "metrics.csv", "geometry/abs_cos_mean")
     assert len(geometry_steps) == len(set(geometry_steps))
+
+
+def test_checkpoints_are_renamed_inside_the_run_directory(tmp_path, monkeypatch):
+    """The temp file sits beside last.ckpt (a rename, never a cross-filesystem copy); a failed save keeps the
+    previous checkpoint whole and leaves no temp file."""
+    import data.cache
+    from training.callbacks import AtomicCheckpointIO
+
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    io_plugin = AtomicCheckpointIO()
+    io_plugin.save_checkpoint({"global_step": 1}, path)
+    renames = []
+    real_replace = os.replace
+    monkeypatch.setattr(data.cache.os, "replace", lambda src, dst: renames.append((Path(src), Path(dst))) or real_replace(src, dst))
+    io_plugin.save_checkpoint({"global_step": 2}, path)
+    assert renames == [(renames[0][0], path)] and renames[0][0].parent == path.parent
+    assert load_ckpt(path)["global_step"] == 2
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(data.cache.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        io_plugin.save_checkpoint({"global_step": 3}, path)
+    assert load_ckpt(path)["global_step"] == 2
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]
+
+
+def test_training_saves_through_the_atomic_checkpoint_io(tmp_path, tiny_corpus, cache_dir, monkeypatch):
+    from tests.conftest import tiny_train_config
+    from training.callbacks import AtomicCheckpointIO
+    from training.pipeline import train
+
+    saved = []
+    real_save = AtomicCheckpointIO.save_checkpoint
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint",
+                        lambda self, ckpt, path, storage_options=None: saved.append(Path(path).name) or real_save(self, ckpt, path))
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, []))
+    assert "last.ckpt" in saved

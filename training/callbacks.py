@@ -3,17 +3,40 @@
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import os
+from pathlib import Path
+from typing import Any
 
 import lightning as L
+import torch
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from data.cache import atomic_write_bytes  # the same temp-file-then-rename writer as the token cache
+
 log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a checkpoint to a temporary file *in the checkpoint's own directory*, fsyncs it, then renames it.
+
+    Lightning's save stages the file in the system temp directory and moves it, which is a copy, not an
+    atomic rename, when that directory is on another filesystem (a node's /tmp vs a shared run dir).
+    Remote URLs (``s3://...``) keep Lightning's behaviour.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        atomic_write_bytes(Path(path), buffer.getvalue())
 
 
 class StepCheckpoint(ModelCheckpoint):
@@ -23,8 +46,8 @@ class StepCheckpoint(ModelCheckpoint):
       of 1000 steps checkpointed every 300 would end with step 900 as "last".
     - Ctrl-C and SIGTERM (a scheduler pre-empting the job) save ``last.ckpt`` before
       exiting. Any other error (a NaN loss, say) keeps the last good checkpoint.
-    Checkpoints are written to a temporary file and renamed (Lightning's own save does
-    that too), so a kill during a save never leaves a truncated ``last.ckpt``.
+    Checkpoints are written by ``AtomicCheckpointIO``, so a kill during a save never
+    leaves a truncated ``last.ckpt``.
     """
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 from hydra.utils import get_class, instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
+from training.callbacks import AtomicCheckpointIO  # noqa: E402
 from training.task import LanguageModelTask  # noqa: E402
 from training.validate import ConfigError, check_config  # noqa: E402
 
@@ -143,7 +144,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     task = LanguageModelTask(model, max_steps=cfg.trainer.max_steps, **OmegaConf.to_container(cfg.optimizer, resolve=True))
 
     loggers = _instantiate_all(cfg.logger, resume_step=resume_step)
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=_instantiate_all(cfg.callbacks), logger=loggers or False)
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, callbacks=_instantiate_all(cfg.callbacks), logger=loggers or False, plugins=[AtomicCheckpointIO()]
+    )
     if trainer.is_global_zero:
         write_run_info(cfg, output_dir, datamodule, model)
     log.info(
