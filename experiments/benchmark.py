@@ -20,15 +20,16 @@ import argparse
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
@@ -79,28 +80,32 @@ class PlainGPT(nn.Module):
         return self.head(self.ln_f(x))
 
     def loss(self, block: torch.Tensor) -> torch.Tensor:
-        """Next-token loss on a (B, T+1) block, as the project's models define it (used for FLOP counting)."""
+        """Next-token loss on a (B, T+1) block, as the project's models define it."""
         logits = self(block[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1))
+
+
+def bare_training_step(model: nn.Module, opt: torch.optim.Optimizer, block: torch.Tensor) -> None:
+    """One optimiser step with nothing around it: the baseline loop and the profiler share it."""
+    loss = model.loss(block)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
 
 
 def time_plain_loop(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> float:
     """Seconds per step of a bare loop over the same data loader."""
     m = cfg.model
     model = PlainGPT(datamodule.vocab_size, m.d_model, m.n_layers, m.n_heads, datamodule.seq_len)
-    forward = torch.compile(model) if compiled else model
+    if compiled:
+        model.compile()  # in place, as the project does: model.loss then calls the compiled forward
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
     batches = iter(datamodule.train_dataloader())
     for i in range(warmup + steps):
         if i == warmup:
             start = time.perf_counter()
-        block = next(batches)
-        logits = forward(block[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        bare_training_step(model, opt, next(batches))
     return (time.perf_counter() - start) / steps
 
 
@@ -212,18 +217,10 @@ def profile_breakdown(cfg, datamodule, steps: int = 3) -> list[tuple[str, float]
     model = build_model(cfg, datamodule)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     batches = iter(datamodule.train_dataloader())
-
-    def step():
-        loss = model.loss(next(batches))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    step()  # warm-up
+    bare_training_step(model, opt, next(batches))  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
-            step()
+            bare_training_step(model, opt, next(batches))
     kinds = {
         "matmul (mm/addmm/bmm, fwd+bwd)": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
         "fused attention kernel": ("aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -245,10 +242,6 @@ def profile_breakdown(cfg, datamodule, steps: int = 3) -> list[tuple[str, float]
     shares = [(k, v / wall) for k, v in totals.items()]
     shares.append(("everything else (copies, views, adds, embedding, autograd bookkeeping)", 1 - sum(v for _, v in shares)))
     return shares
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
 
 
 def main() -> None:
