@@ -60,6 +60,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_cli_unknown_option_lists_valid_choices(tmp_path):
     result = run_cli("pe=sinusodal", cwd=tmp_path)
     assert result.returncode != 0
@@ -69,6 +70,7 @@ def test_cli_unknown_option_lists_valid_choices(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_cli_bad_value_is_one_line_and_nothing_is_trained(tmp_path):
     result = run_cli("model.n_heads=3", cwd=tmp_path)
     assert result.returncode == 2

@@ -136,6 +136,7 @@ def test_pytorch_bin_and_vocab_txt_checkpoint(ckpt, tmp_path):
     assert other.vocab == ckpt.vocab
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_script_runs_from_a_shell():
     script = Path(pt.__file__)
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=script.parent)

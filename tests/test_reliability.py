@@ -138,6 +138,7 @@ def assert_same_series(resumed: list[dict[str, str]], straight: list[dict[str, s
 
 
 # -- 1. kill -9, then resume ---------------------------------------------------------------------
+@pytest.mark.slow  # runs train.py in a subprocess
 @pytest.mark.parametrize("model", ["encoder", "decoder"])
 def test_sigkill_then_resume_matches_the_uninterrupted_run(model, tmp_path, tiny_corpus, cache_dir):
     args = [*corpus_args(tiny_corpus), *RUN, *GEOMETRY_EVERY_CHECKPOINT, f"model={model}"]
@@ -174,6 +175,7 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(model, tmp_path, tiny
 
 
 # -- 2. SIGTERM / Ctrl-C -------------------------------------------------------------------------
+@pytest.mark.slow  # runs train.py in a subprocess
 @pytest.mark.parametrize("sig,exit_code", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 1)], ids=["SIGTERM", "SIGINT"])
 def test_interrupt_saves_last_ckpt_at_the_interrupted_step(sig, exit_code, tmp_path, tiny_corpus, cache_dir):
     run = tmp_path / "run"
@@ -381,6 +383,7 @@ CLI_ERRORS = {
 }
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 @pytest.mark.parametrize("case", list(CLI_ERRORS))
 def test_cli_bad_input_exits_with_one_error_line(case, cli_results):
     result, run = cli_results[case]
@@ -400,6 +403,7 @@ def test_cli_bad_input_exits_with_one_error_line(case, cli_results):
         assert not (run / "checkpoints").exists()
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_cli_corrupt_cache_is_reported_and_rebuilt(cli_results):
     result, run = cli_results["corrupt_cache"]
     assert result.returncode == 0, result.stderr[-3000:]
@@ -458,6 +462,7 @@ def _assert_one_clean_ddp_run(result, run: Path, tmp_path: Path) -> None:
     assert not temp_files(tmp_path)
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_ddp_two_cpu_processes_train_one_run_with_the_default_callbacks(tmp_path, tiny_corpus, cache_dir):
     """Two gloo processes with the default callbacks. A callback that runs a collective on rank 0 only
     (``trainer.log_dir`` broadcasts) deadlocks the two processes here, and the run times out."""

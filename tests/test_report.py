@@ -84,6 +84,7 @@ def _run(sweep, pe, seed):
     return run
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_sweep_runs_share_one_wandb_group(sweep):
     import yaml
 
@@ -93,6 +94,7 @@ def test_sweep_runs_share_one_wandb_group(sweep):
     assert len(groups) == 1 and groups.pop().startswith("orthogonality-")
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_extrapolation_na_past_learned_table_numbers_elsewhere(sweep):
     learned = evaluate_lengths(_run(sweep, "learned", 0), [int(m) for m in MULTIPLIERS], max_batches=2)
     assert learned["lengths"]["40"]["loss"] == "n/a"
@@ -107,6 +109,7 @@ def test_extrapolation_na_past_learned_table_numbers_elsewhere(sweep):
     assert saved["lengths"]["40"]["block_len"] == 640 and saved["n_target_tokens"] % 640 == 0
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_extrapolation_rebuilds_the_trained_model_exactly(sweep):
     """At 1x over the run's own validation batches the loss is the run's last logged val/loss."""
     run = _run(sweep, "learned", 1)
@@ -134,6 +137,7 @@ def _fake_pretrained(path):
     path.write_text(json.dumps(results))
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
     pretrained = tmp_path / "minilm.json"
     _fake_pretrained(pretrained)

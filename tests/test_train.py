@@ -61,6 +61,7 @@ def test_wandb_offline_run_files_are_written(tmp_path, tiny_corpus, cache_dir):
     assert len(runs) == 1 and runs[0].stat().st_size > 0
 
 
+@pytest.mark.slow  # runs train.py in a subprocess
 def test_cli_runs_a_sweep(tmp_path, tiny_corpus):
     """``python train.py -m pe=a,b`` makes one output dir per run, each with a checkpoint."""
     args = [

@@ -1,0 +1,1 @@
+"""Real text for the models: corpus, tokenizer, disk cache and LightningDataModule."""

@@ -1,0 +1,1 @@
+"""The science: geometry measures, pretrained-checkpoint analysis, reports."""

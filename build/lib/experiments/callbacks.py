@@ -1,0 +1,184 @@
+"""Record word/position geometry during training, as metrics every logger receives.
+
+``GeometryCallback`` measures at initialisation (before the first optimiser step),
+every ``every_n_steps`` steps and at the end, and logs flat ``geometry/...`` metrics
+(each with its ``..._chance`` companion where one exists) at the training step, so
+CSV and W&B curves line up across runs. Three families, each optional:
+
+- ``input``: the seed article's pairwise table and the subspace/norm measures between
+  the word rows actually used (the ``n_tokens`` most frequent training tokens, scaled
+  as the model scales them) and the position rows actually used (``0..seq_len-1``).
+  Only for encodings that add a table to the input (sinusoidal, learned).
+- ``hidden``: position vs token structure of the hidden states at the input of each
+  block and at the output, on a fixed probe batch of validation blocks. Works for
+  every PE type (RoPE, ALiBi and none included).
+- ``attention``: first-layer score decomposition into word/position terms (claim C5)
+  for additive-PE models: per-head variance shares and the count of positional heads.
+
+It runs on global rank 0 only, under ``torch.no_grad`` with the RNG state saved and
+restored, and puts the model back in training mode, so it never changes training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from experiments import geometry as geo
+from model.transformer import LanguageModel, Stack
+
+log = logging.getLogger(__name__)
+MEASURES = ("input", "hidden", "attention")
+
+
+def frequent_token_ids(stream: np.ndarray, vocab_size: int, n: int, exclude: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """The ``n`` most frequent token ids of a training stream (specials excluded), and their counts."""
+    counts = np.bincount(stream, minlength=vocab_size).astype(np.int64)
+    counts[list(exclude)] = 0
+    order = np.argsort(-counts, kind="stable")[:n]
+    order = order[counts[order] > 0]
+    return torch.from_numpy(order), torch.from_numpy(counts[order])
+
+
+def hidden_states(stack: Stack, idx: Tensor) -> list[Tensor]:
+    """Input of every block, then the stack's output: n_layers + 1 tensors (B, T, D)."""
+    x = stack.embed(idx)
+    states = []
+    for block in stack.blocks:
+        states.append(x)
+        x = block(x, causal=stack.causal)
+    states.append(stack.ln_final(x))
+    return states
+
+
+def first_layer_attention_shares(model: LanguageModel, idx: Tensor) -> dict[str, Tensor]:
+    """Per-head share of layer-0 score variance from word_word / pos_pos / word_pos / pos_word / bias.
+
+    x = s * e + p enters block 0. With pre-LN the attention reads LN(x): it is split
+    exactly into word, position and constant parts (``geometry.split_layernorm``: the
+    centring is linear, the 1/sigma of the sum is shared); the constant is folded into
+    the q/k biases. With post-LN the attention reads x directly. Shares are averaged
+    over the probe sequences; causal models only count the keys a query may see.
+    """
+    stack, block = model.input_stack, model.blocks[0]
+    attn = block.attn
+    d = attn.n_heads * attn.d_head
+    W_q, W_k = attn.W_Q.T.double(), attn.W_K.T.double()
+    b_q, b_k = attn.q.bias.double(), attn.kv.bias[:d].double()
+    T = idx.shape[1]
+    p = stack.pe.input_term(T).double()
+    mask = torch.ones(T, T, dtype=torch.bool).tril() if stack.causal else None
+    totals: dict[str, Tensor] = {}
+    for row in idx:
+        e = stack.embedding(row).double()
+        if block.norm == "pre":
+            ln = block.ln_attn
+            e, p_part, b_ln = geo.split_layernorm(e, p, ln.weight, ln.bias, ln.eps)
+            bq, bk = b_q + b_ln[0] @ W_q, b_k + b_ln[0] @ W_k
+        else:
+            p_part, bq, bk = p, b_q, b_k
+        shares = geo.attention_term_shares(geo.attention_terms(e, p_part, W_q, W_k, bq, bk, n_heads=attn.n_heads), mask)
+        for name, value in shares.items():
+            totals[name] = totals.get(name, 0) + value / len(idx)
+    return totals
+
+
+class GeometryCallback(L.Callback):
+    def __init__(
+        self,
+        every_n_steps: int = 100,
+        n_tokens: int = 1000,
+        measures: Sequence[str] = MEASURES,
+        probe_batch_size: int = 8,
+        fixed_k: int = 8,
+        positional_head_threshold: float = 0.5,
+        seed: int = 0,
+    ) -> None:
+        unknown = sorted(set(measures) - set(MEASURES))
+        if unknown:
+            raise ValueError(f"unknown geometry measure(s) {unknown}; valid: {list(MEASURES)}")
+        if every_n_steps <= 0:
+            raise ValueError(f"callbacks.geometry.every_n_steps={every_n_steps} must be positive")
+        self.every_n_steps, self.n_tokens, self.measures = every_n_steps, n_tokens, tuple(measures)
+        self.probe_batch_size, self.fixed_k, self.threshold, self.seed = probe_batch_size, fixed_k, positional_head_threshold, seed
+        self._last_step: int | None = None
+
+    # -- what to measure on, chosen once -------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        dm = trainer.datamodule
+        tokenizer = dm.tokenizer
+        specials = [tokenizer.token_to_id(t) for t in ("<unk>", "<mask>", "<eos>")]
+        self.token_ids, counts = frequent_token_ids(dm.streams["train"], dm.vocab_size, self.n_tokens, specials)
+        self.seq_len = dm.seq_len
+        val = torch.from_numpy(dm.streams["validation"][: self.probe_batch_size * dm.seq_len].astype(np.int64))
+        self.probe = val[: (len(val) // dm.seq_len) * dm.seq_len].view(-1, dm.seq_len)  # (B, T) fixed blocks
+        # trainer.log_dir broadcasts from rank 0 in DDP, so every rank must read it (a rank-0-only
+        # read deadlocks the others); only rank 0 writes.
+        log_dir = trainer.log_dir
+        if trainer.is_global_zero and log_dir is not None:
+            rule = {
+                "word_rows": f"the {len(self.token_ids)} most frequent training tokens (special tokens excluded)",
+                "position_rows": f"positions 0..{self.seq_len - 1} (the positions seen in training)",
+                "probe": f"the first {len(self.probe)} validation blocks of {self.seq_len} tokens",
+                "share_of_training_tokens": float(counts.sum() / len(dm.streams["train"])),
+                "tokens": [tokenizer.id_to_token(int(i)) for i in self.token_ids],
+            }
+            out = Path(trainer.default_root_dir) / "geometry_tokens.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(rule, indent=1))
+
+    # -- when -------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record(trainer, pl_module)  # step 0: initialisation (or the resume step)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self._record(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record(trainer, pl_module)
+
+    # -- what -------------------------------------------------------------------------
+    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or step == self._last_step:
+            return
+        self._last_step = step
+        model: LanguageModel = pl_module.model
+        was_training = model.training
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            metrics = self.measure(model)
+        model.train(was_training)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def measure(self, model: LanguageModel) -> dict[str, float]:
+        """All enabled measures as flat ``geometry/...`` metrics."""
+        metrics: dict[str, float] = {}
+        device = model.W_E.device
+        W_pos = model.W_pos
+        if "input" in self.measures and W_pos is not None:
+            E = model.W_E[self.token_ids.to(device)].float().cpu()
+            P = W_pos[: self.seq_len].float().cpu()
+            report = geo.geometry_report(E, P, embed_scale=model.embed_scale, seed=self.seed)
+            metrics.update({f"geometry/{k}": v for k, v in report.items()})
+        probe = self.probe.to(device)
+        if "hidden" in self.measures:
+            for i, H in enumerate(hidden_states(model.input_stack, probe)):
+                report = geo.hidden_state_report(H.float().cpu(), self.probe, fixed_k=self.fixed_k, seed=self.seed)
+                metrics.update({f"geometry/hidden/layer{i}/{k}": v for k, v in report.items()})
+        if "attention" in self.measures and W_pos is not None:
+            shares = first_layer_attention_shares(model, probe[:4])
+            for name, per_head in shares.items():
+                for h, value in enumerate(per_head.tolist()):
+                    metrics[f"geometry/attn/head{h}/{name}_share"] = value
+            metrics["geometry/attn/n_positional_heads"] = float((shares["pos_pos"] > self.threshold).sum())
+        return metrics

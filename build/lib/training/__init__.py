@@ -1,0 +1,1 @@
+"""Glue between the plain-torch model and Lightning/Hydra: task, config checks, run pipeline."""

@@ -1,0 +1,114 @@
+"""Lightning callbacks and loggers of the training loop itself (geometry recording lives in experiments/)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from data.cache import atomic_write_bytes  # the same temp-file-then-rename writer as the token cache
+
+log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a checkpoint to a temporary file *in the checkpoint's own directory*, fsyncs it, then renames it.
+
+    Lightning's save stages the file in the system temp directory and moves it, which is a copy, not an
+    atomic rename, when that directory is on another filesystem (a node's /tmp vs a shared run dir).
+    Remote URLs (``s3://...``) keep Lightning's behaviour.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        atomic_write_bytes(Path(path), buffer.getvalue())
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that also writes ``last.ckpt`` at the end and on an interruption.
+
+    - With ``every_n_train_steps`` set, Lightning only saves on those steps, so a run
+      of 1000 steps checkpointed every 300 would end with step 900 as "last".
+    - Ctrl-C and SIGTERM (a scheduler pre-empting the job) save ``last.ckpt`` before
+      exiting. Any other error (a NaN loss, say) keeps the last good checkpoint.
+    Checkpoints are written by ``AtomicCheckpointIO``, so a kill during a save never
+    leaves a truncated ``last.ckpt``.
+    """
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._save_last_if_new(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            log.warning("interrupted at step %d: saving last.ckpt in %s", trainer.global_step, self.dirpath)
+            self._save_last_if_new(trainer)
+
+    def _save_last_if_new(self, trainer: L.Trainer) -> None:
+        if self.save_last and self._last_global_step_saved < trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class _ResumingWriter(ExperimentWriter):
+    """Keeps the rows of an interrupted run up to the resume step, then appends.
+
+    Lightning's writer deletes an existing metrics.csv. On resume we keep rows logged
+    before the checkpoint's step, and drop any new row whose (step, metric names)
+    is already there, so the series has no gap and no duplicate.
+    """
+
+    def __init__(self, log_dir: str, resume_step: int | None) -> None:
+        path = os.path.join(log_dir, self.NAME_METRICS_FILE)
+        kept, header = [], []
+        if resume_step is not None and os.path.isfile(path):
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                header = list(reader.fieldnames or [])
+                kept = [row for row in reader if row.get("step") and int(row["step"]) < resume_step]
+        super().__init__(log_dir)  # removes the old file
+        self._seen = {self._row_key(row) for row in kept}
+        if kept:
+            self.metrics_keys = sorted(header)
+            with open(self.metrics_file_path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
+                writer.writeheader()
+                writer.writerows(kept)
+
+    @staticmethod
+    def _row_key(row: dict) -> tuple:
+        return int(row["step"]), frozenset(k for k, v in row.items() if k != "step" and v not in ("", None))
+
+    def save(self) -> None:
+        self.metrics = [m for m in self.metrics if self._row_key(m) not in self._seen]
+        super().save()
+
+
+class ResumableCSVLogger(CSVLogger):
+    """CSVLogger whose metrics.csv continues across a resume (see ``_ResumingWriter``)."""
+
+    def __init__(self, *args, resume_step: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._resume_step = resume_step
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            os.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ResumingWriter(log_dir=self.log_dir, resume_step=self._resume_step)
+        return self._experiment

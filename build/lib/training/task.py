@@ -1,0 +1,105 @@
+"""The LightningModule: wraps any model with a ``loss(block)`` method."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from model.transformer import LanguageModel
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or inf."""
+
+
+def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up, then cosine decay to ``min_ratio`` at ``max_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class LanguageModelTask(L.LightningModule):
+    def __init__(
+        self,
+        model: LanguageModel,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.1,
+        max_steps: int = 1000,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+
+    def setup(self, stage: str) -> None:
+        # ThroughputMonitor reads this to log FLOP/s (and MFU where the device's peak is known).
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and not hasattr(self, "flops_per_batch"):
+            from training.throughput import training_flops_per_batch
+
+            self.flops_per_batch = training_flops_per_batch(self.model, dm.batch_size, dm.seq_len)
+
+    def training_step(self, block: Tensor, batch_idx: int) -> Tensor:
+        loss = self.model.loss(block)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"training loss is {loss.item()} at step {self.global_step}; stopping. The last good "
+                "checkpoint is kept (checkpoints/last.ckpt); try a lower optimizer.lr or gradient clipping"
+            )
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, block: Tensor, batch_idx: int) -> None:
+        # Validation's random draws (MLM masks) must not advance the training RNG: a run resumed
+        # from a checkpoint saved just before a validation skips that validation (Lightning), and
+        # would otherwise draw different training masks from then on than the uninterrupted run.
+        device = block.device
+        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
+            loss = self.model.loss(block)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.trainer.callback_metrics.get("val/loss")
+        if loss is not None:
+            self.log("val/ppl", torch.exp(loss), sync_dist=True)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        # Decay matrices only: biases, norms and 1-d parameters keep their scale.
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr,
+            betas=tuple(hp.betas),
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    # Random states travel with the checkpoint, so a resumed run draws the same
+    # masks and dropout as the uninterrupted one.
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng_states"] = {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        states = checkpoint.get("rng_states")
+        if states is not None:
+            torch.set_rng_state(states["torch"])
+            np.random.set_state(states["numpy"])
+            random.setstate(states["python"])
