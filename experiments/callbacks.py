@@ -109,6 +109,7 @@ class GeometryCallback(L.Callback):
         self.every_n_steps, self.n_tokens, self.measures = every_n_steps, n_tokens, tuple(measures)
         self.probe_batch_size, self.fixed_k, self.threshold, self.seed = probe_batch_size, fixed_k, positional_head_threshold, seed
         self._last_step: int | None = None
+        self.records: dict[int, dict[str, float]] = {}  # step -> the metrics logged then (read by end-of-run code)
 
     # -- what to measure on, chosen once -------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -157,6 +158,7 @@ class GeometryCallback(L.Callback):
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             metrics = self.measure(model)
         model.train(was_training)
+        self.records[step] = metrics
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 

@@ -1,0 +1,40 @@
+"""The few lines a run ends with: how well it fit, where geometry went against chance, what to run next."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+
+from training.wandb_run import HEADLINE_GEOMETRY
+
+
+def geometry_records(callbacks) -> dict[int, dict[str, float]]:
+    """``GeometryCallback.records`` (step -> logged metrics) if the run has a geometry callback, else ``{}``."""
+    for callback in callbacks:
+        records = getattr(callback, "records", None)
+        if isinstance(records, dict) and type(callback).__name__ == "GeometryCallback":
+            return records
+    return {}
+
+
+def run_summary(metrics: dict[str, float], records: dict[int, dict[str, float]], output_dir: Path, wandb_dirs: list[Path]) -> str:
+    """A short multi-line text: final val loss and perplexity, headline geometry at init and end beside chance,
+    the run folder and the commands that make its report and upload its W&B run."""
+    lines = ["run summary"]
+    val = metrics.get("val/loss")
+    if val is not None and math.isfinite(val):
+        lines.append(f"  final val/loss {val:.4f}  (perplexity {math.exp(min(val, 50)):.1f})")
+    if records:
+        first, last = min(records), max(records)
+        for name in HEADLINE_GEOMETRY:
+            if name in records[last]:
+                chance = records[last].get(f"{name}_chance")
+                at_init = records[first].get(name, float("nan"))
+                beside = f"   chance {chance:.4f}" if chance is not None else ""
+                lines.append(f"  {name:<28} step {first}: {at_init:.4f}   step {last}: {records[last][name]:.4f}{beside}")
+    lines.append(f"  run folder: {output_dir}")
+    lines.append(f"  report:     python experiments/report.py {shlex.quote(str(output_dir))}")
+    for wandb_dir in wandb_dirs:
+        lines.append(f"  W&B upload: wandb sync {shlex.quote(str(wandb_dir))}")
+    return "\n".join(lines)
