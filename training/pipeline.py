@@ -275,7 +275,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         records = geometry_records(trainer.callbacks)
         if trainer.is_global_zero:
             wandb_run.log_end_of_run(loggers, records)
-            wandb_dirs = [Path(lg.experiment.dir).parent for lg in wandb_run.wandb_loggers(loggers)]
+            # every segment of a resumed run is its own offline folder with the same run id: upload them all
+            wandb_dirs = [sorted(Path(lg.experiment.dir).parent.parent.glob(f"offline-run-*-{lg.version}"))
+                          for lg in wandb_run.wandb_loggers(loggers)]
             log.info("%s", run_summary(metrics, records, output_dir, wandb_dirs))
         exit_code = 0
     finally:

@@ -18,7 +18,7 @@ def geometry_records(callbacks) -> dict[int, dict[str, float]]:
     return {}
 
 
-def run_summary(metrics: dict[str, float], records: dict[int, dict[str, float]], output_dir: Path, wandb_dirs: list[Path]) -> str:
+def run_summary(metrics: dict[str, float], records: dict[int, dict[str, float]], output_dir: Path, wandb_dirs: list[list[Path]]) -> str:
     """A short multi-line text: final val loss and perplexity, headline geometry at init and end beside chance,
     the run folder and the commands that make its report and upload its W&B run."""
     lines = ["run summary"]
@@ -34,7 +34,8 @@ def run_summary(metrics: dict[str, float], records: dict[int, dict[str, float]],
                 beside = f"   chance {chance:.4f}" if chance is not None else ""
                 lines.append(f"  {name:<28} step {first}: {at_init:.4f}   step {last}: {records[last][name]:.4f}{beside}")
     lines.append(f"  run folder: {output_dir}")
-    lines.append(f"  report:     python experiments/report.py {shlex.quote(str(output_dir))}")
-    for wandb_dir in wandb_dirs:
-        lines.append(f"  W&B upload: wandb sync {shlex.quote(str(wandb_dir))}")
+    if (output_dir / "csv" / "metrics.csv").is_file():  # the report reads the CSV log (absent with logger=none)
+        lines.append(f"  report:     python experiments/report.py {shlex.quote(str(output_dir))}")
+    for segments in wandb_dirs:  # one list of offline-run folders per W&B run
+        lines.append("  W&B upload: wandb sync " + " ".join(shlex.quote(str(d)) for d in segments))
     return "\n".join(lines)
