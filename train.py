@@ -62,11 +62,11 @@ def main(cfg: DictConfig) -> float | None:
     except SIGTERMException:
         # Lightning raises it (a SystemExit with status 0) once StepCheckpoint has saved last.ckpt;
         # exit 143 = 128 + SIGTERM so a scheduler does not take a pre-empted run for a finished one.
-        print(f"error: stopped by SIGTERM; resume with: {resume_command(cfg)}", file=sys.stderr)
+        print(f"error: stopped by SIGTERM; resume with {resume_command(cfg)}", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt:
         # StepCheckpoint saved last.ckpt on the way out; 130 = 128 + SIGINT, the shell's convention.
-        print(f"error: interrupted (Ctrl-C); resume with: {resume_command(cfg)}", file=sys.stderr)
+        print(f"error: interrupted (Ctrl-C); resume with {resume_command(cfg)}", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
     return metrics.get("val/loss")  # for Hydra sweepers that optimise a value
 

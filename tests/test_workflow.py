@@ -164,7 +164,7 @@ def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tin
     assert len(offline) == 2, offline
     runs = [wandb_run(d) for d in offline]
     assert len({r["run"]["run_id"] for r in runs}) == 2
-    assert len({r["run"]["run_group"] for r in runs}) == 1 and runs[0]["run"]["run_group"] == "sweep"
+    assert len({r["run"]["run_group"] for r in runs}) == 1 and runs[0]["run"]["run_group"] == f"{tmp_path.name}_sweep"
     assert [r["run"]["display_name"] for r in runs] == ["decoder-sinusoidal-s0", "decoder-learned-s0"]
     assert [r["config"]["pe"]["_target_"] for r in runs] == ["model.SinusoidalPE", "model.LearnedPE"]
     for r in runs:
@@ -172,7 +172,10 @@ def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tin
         assert r["config"]["model"]["d_model"] == 32 and r["config"]["data"]["vocab_size"] == 300 and r["config"]["seed"] == 0
         steps = [h["trainer/global_step"] for h in r["history"] if "geometry/overlap_k8" in h]
         assert steps == [0, 1, 2]
-        assert any("tables/angle_table" in h for h in r["history"])  # the end-of-run angle table
+        # the end-of-run W&B table (cos/angle rows) and the chart of overlap_k8 against its chance
+        logged = {k: v for h in r["history"] for k, v in h.items()}
+        assert logged["tables/angle_table._type"] == "table-file" and logged["tables/angle_table.nrows"] >= 4
+        assert logged["charts/overlap_k8_vs_chance_table.nrows"] > 0
     # the log lines of a run whose stdout is not a terminal, and the end-of-run summary
     output = result.stdout + result.stderr
     assert "step 2/2 | train/loss" in output and "tokens/s | ETA" in output

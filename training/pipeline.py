@@ -188,9 +188,11 @@ def build_loggers(cfg: DictConfig, run_config: dict, output_dir: Path, resume_st
         if issubclass(cls, wandb_run.WandbLoggerClass()):
             extra = wandb_run.wandb_init_kwargs(run_config, output_dir, wandb_run.job_type(choices), wandb_id, resume_step)
             extra["tags"] = [*map(str, node.get("tags") or []), *(cfg[g]._target_.rsplit(".", 1)[-1] for g in ("model", "pe"))]
+            if node.get("group"):  # a study config that names its group keeps it
+                extra["group"] = str(node.group)
         # partial first: `config` (W&B's run config, full of `_target_`s) must reach the logger as a plain dict
         logger = instantiate(node, _partial_=True)(**extra)
-        if extra.get("group") is not None:
+        if "job_type" in extra:
             # WandbLogger always passes `anonymous` (None by default), which this wandb deprecates with a warning
             logger._wandb_init.pop("anonymous", None)
         loggers.append(logger)
@@ -210,8 +212,8 @@ def build_callbacks(cfg: DictConfig, run_config: dict, has_logger: bool) -> list
 
 
 def resume_command(cfg: DictConfig) -> str:
-    """The command that continues this run from its last checkpoint."""
-    return "python train.py " + shlex.quote(f"ckpt_path={Path(cfg.paths.output_dir) / 'checkpoints' / 'last.ckpt'}")
+    """The override that continues this run from its last checkpoint: ``ckpt_path=<run>/checkpoints/last.ckpt``."""
+    return shlex.quote(f"ckpt_path={Path(cfg.paths.output_dir) / 'checkpoints' / 'last.ckpt'}")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
