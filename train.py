@@ -65,9 +65,9 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: stopped by SIGTERM; resume with {resume_command(cfg)}", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt:
-        # StepCheckpoint saved last.ckpt on the way out; 130 = 128 + SIGINT, the shell's convention.
+        # StepCheckpoint saved last.ckpt on the way out; exit 1 as Lightning's own Ctrl-C handler does.
         print(f"error: interrupted (Ctrl-C); resume with {resume_command(cfg)}", file=sys.stderr)
-        sys.exit(128 + signal.SIGINT)
+        sys.exit(1)
     return metrics.get("val/loss")  # for Hydra sweepers that optimise a value
 
 

@@ -10,8 +10,10 @@ import hashlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,25 @@ def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tin
     output = result.stdout + result.stderr
     assert "step 2/2 | train/loss" in output and "tokens/s | ETA" in output
     assert "final val/loss" in output and "wandb sync" in output and "experiments/report.py" in output
+
+
+@pytest.mark.slow  # runs train.py in a subprocess and interrupts it
+def test_ctrl_c_prints_the_resume_override(tmp_path, tiny_corpus):
+    run = tmp_path / "run"
+    single = [a for a in sweep_args(tiny_corpus, tmp_path) if a not in ("-m", "pe=sinusoidal,learned") and not a.startswith("hydra.")]
+    args = [*single, "trainer.max_steps=5000", "logger=csv", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "csv" / "metrics.csv").is_file() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: interrupted (Ctrl-C); resume with ckpt_path={run}/checkpoints/last.ckpt"
+    ]
+    assert (run / "checkpoints" / "last.ckpt").is_file()
