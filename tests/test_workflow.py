@@ -204,3 +204,32 @@ def test_ctrl_c_prints_the_resume_override(tmp_path, tiny_corpus):
         f"error: interrupted (Ctrl-C); resume with ckpt_path={run}/checkpoints/last.ckpt"
     ]
     assert (run / "checkpoints" / "last.ckpt").is_file()
+
+
+# -- names and the closing summary (no training) --------------------------------------------------
+def test_run_folder_names_say_what_ran_and_can_be_passed_back_as_ckpt_path():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from train import run_folder_name
+
+    assert run_folder_name(None, "decoder", "sinusoidal", "") == "default_decoder-sinusoidal"
+    name = run_folder_name("quick", "decoder", "rope", "model.d_model-64+trainer.max_steps-20")
+    assert name == "quick_decoder-rope_model.d_model-64+trainer.max_steps-20"
+    long = run_folder_name("quick", "decoder", "rope", "+".join(f"key{i}.x-{i}" for i in range(40)))
+    assert len(long) <= 120 and long != run_folder_name("quick", "decoder", "rope", "+".join(f"key{i}.x-{i}" for i in range(41)))
+    for folder in (name, long, run_folder_name(None, "decoder", "rope", "~callbacks.progress_bar+x-[a,b]")):
+        override = OverridesParser.create().parse_override(f"ckpt_path=/runs/{folder}/checkpoints/last.ckpt")
+        assert override.value() == f"/runs/{folder}/checkpoints/last.ckpt"
+
+
+def test_summary_names_loss_geometry_against_chance_and_the_next_commands(tmp_path):
+    from training.summary import run_summary
+
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text("step\n")
+    records = {0: {"geometry/overlap_k8": 0.31, "geometry/overlap_k8_chance": 0.25},
+               40: {"geometry/overlap_k8": 0.12, "geometry/overlap_k8_chance": 0.25}}
+    text = run_summary({"val/loss": math.log(100.0)}, records, tmp_path, [[tmp_path / "wandb" / "offline-run-x"]])
+    assert "final val/loss 4.6052  (perplexity 100.0)" in text
+    assert "step 0: 0.3100   step 40: 0.1200   chance 0.2500" in text
+    assert f"experiments/report.py {tmp_path}" in text and f"wandb sync {tmp_path}/wandb/offline-run-x" in text

@@ -280,7 +280,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             # every segment of a resumed run is its own offline folder with the same run id: upload them all
             wandb_dirs = [sorted(Path(lg.experiment.dir).parent.parent.glob(f"offline-run-*-{lg.version}"))
                           for lg in wandb_run.wandb_loggers(loggers)]
-            log.info("%s", run_summary(metrics, records, output_dir, wandb_dirs))
+            log.info("%s", run_summary(metrics, records, output_dir, wandb_dirs, start_dir=Path(to_absolute_path("."))))
         exit_code = 0
     finally:
         wandb_run.finish(loggers, exit_code)  # the next job of a sweep (same process) must get its own run

@@ -8,6 +8,16 @@ from pathlib import Path
 
 from training.wandb_run import HEADLINE_GEOMETRY
 
+REPORT_SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "report.py"
+
+
+def script_path(script: Path, start_dir: Path) -> str:
+    """``experiments/report.py`` when started in the repository, else the script's absolute path."""
+    try:
+        return str(script.relative_to(start_dir.resolve()))
+    except ValueError:
+        return str(script)
+
 
 def geometry_records(callbacks) -> dict[int, dict[str, float]]:
     """``GeometryCallback.records`` (step -> logged metrics) if the run has a geometry callback, else ``{}``."""
@@ -18,7 +28,8 @@ def geometry_records(callbacks) -> dict[int, dict[str, float]]:
     return {}
 
 
-def run_summary(metrics: dict[str, float], records: dict[int, dict[str, float]], output_dir: Path, wandb_dirs: list[list[Path]]) -> str:
+def run_summary(metrics: dict[str, float], records: dict[int, dict[str, float]], output_dir: Path, wandb_dirs: list[list[Path]],
+                start_dir: Path = Path(".")) -> str:
     """A short multi-line text: final val loss and perplexity, headline geometry at init and end beside chance,
     the run folder and the commands that make its report and upload its W&B run."""
     lines = ["run summary"]
@@ -35,7 +46,7 @@ def run_summary(metrics: dict[str, float], records: dict[int, dict[str, float]],
                 lines.append(f"  {name:<28} step {first}: {at_init:.4f}   step {last}: {records[last][name]:.4f}{beside}")
     lines.append(f"  run folder: {output_dir}")
     if (output_dir / "csv" / "metrics.csv").is_file():  # the report reads the CSV log (absent with logger=none)
-        lines.append(f"  report:     python experiments/report.py {shlex.quote(str(output_dir))}")
+        lines.append(f"  report:     python {script_path(REPORT_SCRIPT, start_dir)} {shlex.quote(str(output_dir))}")
     for segments in wandb_dirs:  # one list of offline-run folders per W&B run
         lines.append("  W&B upload: wandb sync " + " ".join(shlex.quote(str(d)) for d in segments))
     return "\n".join(lines)
