@@ -169,6 +169,7 @@ def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tin
     assert len({r["run"]["run_group"] for r in runs}) == 1 and runs[0]["run"]["run_group"] == f"{tmp_path.name}_sweep"
     assert [r["run"]["display_name"] for r in runs] == ["decoder-sinusoidal-s0", "decoder-learned-s0"]
     assert [r["config"]["pe"]["_target_"] for r in runs] == ["model.SinusoidalPE", "model.LearnedPE"]
+    assert [r["config"]["choices"]["pe"] for r in runs] == ["sinusoidal", "learned"]  # groupable by option name
     for r in runs:
         assert r["run"]["job_type"] == "default" and r["exit"]["exit"]["exit_code"] in (0, None)
         assert r["config"]["model"]["d_model"] == 32 and r["config"]["data"]["vocab_size"] == 300 and r["config"]["seed"] == 0

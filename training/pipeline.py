@@ -186,7 +186,7 @@ def build_loggers(cfg: DictConfig, run_config: dict, output_dir: Path, resume_st
         cls = get_class(node._target_)
         extra = {"resume_step": resume_step} if "resume_step" in inspect.signature(cls).parameters else {}
         if issubclass(cls, wandb_run.WandbLoggerClass()):
-            extra = wandb_run.wandb_init_kwargs(run_config, output_dir, wandb_run.job_type(choices), wandb_id, resume_step)
+            extra = wandb_run.wandb_init_kwargs(run_config, output_dir, wandb_run.job_type(choices), wandb_id, resume_step, choices)
             extra["tags"] = [*map(str, node.get("tags") or []), *(cfg[g]._target_.rsplit(".", 1)[-1] for g in ("model", "pe"))]
             if node.get("group"):  # a study config that names its group keeps it
                 extra["group"] = str(node.group)

@@ -51,11 +51,21 @@ def sweep_group(output_dir: Path) -> str:
     return output_dir.name
 
 
+CHOICE_GROUPS = ("model", "pe", "embedding", "attention", "data", "experiment")
+
+
 def wandb_init_kwargs(
-    run_config: dict[str, Any], output_dir: Path, job_type: str, resume_id: str | None, resumed_from_step: int | None
+    run_config: dict[str, Any], output_dir: Path, job_type: str, resume_id: str | None, resumed_from_step: int | None,
+    choices: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``WandbLogger`` (passed on to ``wandb.init``)."""
+    """Keyword arguments for ``WandbLogger`` (passed on to ``wandb.init``).
+
+    ``choices`` (the command line's group options, e.g. ``pe: rope``) become ``config.choices`` so
+    runs group by option name; a resumed run leaves them out (its command line does not name them).
+    """
     config = dict(run_config)
+    if choices and resumed_from_step is None:
+        config["choices"] = {g: choices.get(g) for g in CHOICE_GROUPS}
     kwargs: dict[str, Any] = {"group": sweep_group(output_dir), "job_type": job_type, "config": config}
     if resume_id is not None:
         # Offline W&B writes the resumed segment to a new offline-run-* folder with the same id;
