@@ -162,7 +162,7 @@ def absolute_input_paths(cfg: DictConfig) -> None:
                 OmegaConf.update(cfg, key, to_absolute_path(str(OmegaConf.select(cfg, key))))
         corpus = cfg.data.get("corpus") or {}
         for key in ("train_files", "val_files"):
-            if corpus.get(key) is not None and not OmegaConf.is_missing(corpus, key):
+            if key in corpus and not OmegaConf.is_missing(corpus, key) and corpus[key] is not None:
                 corpus[key] = [to_absolute_path(str(f)) for f in corpus[key]]
 
 
@@ -258,6 +258,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         trainer: L.Trainer = instantiate(
             cfg.trainer, callbacks=build_callbacks(cfg, run_config, bool(loggers)), logger=loggers or False,
             plugins=[AtomicCheckpointIO()],
+            enable_model_summary=False,  # ParameterSummary (in build_callbacks) prints it when the config asks
         )
         if trainer.is_global_zero:
             write_run_info(cfg, output_dir, datamodule, model, resume_step, resume_changes)
