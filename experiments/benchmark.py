@@ -27,9 +27,9 @@ from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+import offline  # noqa: E402, F401
 
+# isort: split
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402

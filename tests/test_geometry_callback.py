@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.callbacks import GeometryCallback, first_layer_attention_shares, frequent_token_ids, hidden_states
+from analysis.geometry_callback import GeometryCallback, first_layer_attention_shares, frequent_token_ids, hidden_states
 from model import DecoderLM, ExplicitAttention, SinusoidalPE
 from tests.conftest import PE_TYPES, tiny_train_config
 from training.pipeline import train

