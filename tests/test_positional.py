@@ -132,3 +132,18 @@ def test_alibi_bias_is_minus_slope_times_distance():
         for i in range(5):
             for j in range(5):
                 assert bias[h, i, j].item() == pytest.approx(-slopes[h] * abs(i - j))
+
+
+def test_each_encoding_checks_its_own_settings():
+    """validate.py asks the encoding; a new encoding brings its own rules (the base accepts everything)."""
+    from model.positional import ALiBiPE, LearnedPE, NoPE, RotaryPE, SinusoidalPE
+
+    with pytest.raises(ValueError, match=r"RoPE needs an even head dimension.*12/4 = 3"):
+        RotaryPE.check_settings(d_model=12, n_heads=4, seq_len=16)
+    with pytest.raises(ValueError, match=r"even model.d_model.*33"):
+        SinusoidalPE.check_settings(d_model=33, n_heads=3, seq_len=16)
+    with pytest.raises(ValueError, match=r"data.seq_len=600 is longer than the learned position table \(pe.max_len=512\)"):
+        LearnedPE.check_settings(d_model=32, n_heads=4, seq_len=600, max_len=512)
+    LearnedPE.check_settings(d_model=32, n_heads=4, seq_len=512, max_len=512)
+    for pe in (ALiBiPE, NoPE):
+        pe.check_settings(d_model=33, n_heads=3, seq_len=10_000, unrelated_key=1)
