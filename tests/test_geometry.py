@@ -215,7 +215,7 @@ def test_hidden_state_report_separates_position_from_noise():
     assert noise["position_probe_r2"] < 0.1
 
 
-# ----------------------------------------------------------------------------- attention (C5)
+# ----------------------------------------------------------------------------- attention terms
 
 
 def test_split_layernorm_sums_to_layer_norm():

@@ -6,15 +6,31 @@ what would be valid; ``train.py`` prints it and exits.
 
 from __future__ import annotations
 
+import logging
+
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from data.tokenizer import check_tokenizer_settings
 
+log = logging.getLogger(__name__)
+# Options renamed so their names explain themselves; the old names are kept as aliases (configs/<group>/<old>.yaml).
+RENAMED_OPTIONS = {("embedding", "learned"): "plain", ("attention", "mha"): "explicit"}
+
 
 class ConfigError(ValueError):
     """A config value that cannot work."""
+
+
+def renamed_options() -> list[str]:
+    """One line per group option given by its old name, naming the new one."""
+    try:
+        choices = HydraConfig.get().runtime.choices
+    except ValueError:  # composed outside Hydra's run context
+        return []
+    return [f"{group}={old} is deprecated, use {group}={new} (the same settings)"
+            for (group, old), new in RENAMED_OPTIONS.items() if choices.get(group) == old]
 
 
 def _option(group: str, node: DictConfig) -> str:
@@ -40,6 +56,8 @@ def check_positional_encoding(cfg: DictConfig) -> None:
 
 
 def check_config(cfg: DictConfig) -> None:
+    for line in renamed_options():
+        log.warning(line)
     m, data = cfg.model, cfg.data
     d_model, n_heads = int(m.d_model), int(m.n_heads)
     if d_model <= 0 or n_heads <= 0 or int(m.n_layers) <= 0:

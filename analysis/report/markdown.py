@@ -261,7 +261,7 @@ def pretrained_section(data: ReportData) -> list[str]:
     lines += md_table(header, rows)
     attn = p.get("attention_layer0")
     if attn:
-        lines += [f"MiniLM layer-0 attention: positional heads (position–position share > 0.5): {attn.get('positional_heads')} "
+        lines += [f"MiniLM block 0 attention: positional heads (position–position share > 0.5): {attn.get('positional_heads')} "
                   f"of {len(attn.get('shares', {}).get('pos_pos', []))}.", ""]
     return lines
 
@@ -280,10 +280,11 @@ def pretrained_hidden_section(data: ReportData) -> list[str]:
         return []
     layers = p["hidden_states"]
     keys = [k for k in layers[0] if not k.endswith(tuple(names.COMPANIONS))]
-    header = ["MiniLM layer"] + [h for k in keys for h in (k, f"{k} chance")]
+    header = ["MiniLM block input"] + [h for k in keys for h in (k, f"{k} chance")]
     rows = [[str(i)] + [c for k in keys for c in (fmt(rep.get(k)), fmt(rep.get(f"{k}_chance")))] for i, rep in enumerate(layers)]
     return ["## Pretrained MiniLM: position in hidden states", "",
-            "Same hidden-state measures on MiniLM (layer 0 = embedding output after LayerNorm; 32 Shakespeare windows of 64 "
-            "tokens, [CLS]/[SEP] dropped), for comparison with the hidden-state tables above.", ""] + md_table(header, rows)
+            "Same hidden-state measures on MiniLM (index i = block i input, 0 = the embedding output after LayerNorm, "
+            "the last = the output; 32 Shakespeare windows of 64 tokens, [CLS]/[SEP] dropped), for comparison with the "
+            "hidden-state tables above.", ""] + md_table(header, rows)
 
 
