@@ -76,3 +76,21 @@ def test_attention_shares_come_from_the_real_first_layer_scores(norm):
 def test_bad_measure_name_is_rejected():
     with pytest.raises(ValueError, match=r"unknown geometry measure\(s\) \['angles'\]; valid"):
         GeometryCallback(measures=["input", "angles"])
+
+
+def test_records_keep_each_logged_step():
+    """End-of-run code reads init and final geometry from callback.records, without a logger."""
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=2, pe=SinusoidalPE)
+    callback = GeometryCallback(n_tokens=20, fixed_k=2)
+    callback.token_ids, callback.seq_len = torch.arange(3, 23), 8
+    callback.probe = torch.randint(40, (4, 8))
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[])
+    for step in (0, 0, 3):  # a repeated step is recorded once
+        trainer.global_step = step
+        callback._record(trainer, SimpleNamespace(model=model))
+    assert sorted(callback.records) == [0, 3]
+    assert "geometry/abs_cos_mean" in callback.records[0] and "geometry/hidden/layer2/position_probe_r2" in callback.records[3]
+    assert model.training  # put back in training mode
