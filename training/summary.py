@@ -6,6 +6,7 @@ import math
 import shlex
 from pathlib import Path
 
+from analysis.metric_names import companion
 from training.wandb_run import HEADLINE_GEOMETRY
 
 REPORT_SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "report.py"
@@ -40,7 +41,7 @@ def run_summary(metrics: dict[str, float], records: dict[int, dict[str, float]],
         first, last = min(records), max(records)
         for name in HEADLINE_GEOMETRY:
             if name in records[last]:
-                chance = records[last].get(f"{name}_chance")
+                chance = records[last].get(companion(name, "_chance"))
                 at_init = records[first].get(name, float("nan"))
                 beside = f"   chance {chance:.4f}" if chance is not None else ""
                 lines.append(f"  {name:<28} step {first}: {at_init:.4f}   step {last}: {records[last][name]:.4f}{beside}")

@@ -17,9 +17,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from analysis import metric_names as names
+
 log = logging.getLogger(__name__)
 
-HEADLINE_GEOMETRY = ("geometry/abs_cos_mean", "geometry/overlap_k8", "geometry/angle_mean_k8_deg")
+HEADLINE_GEOMETRY = tuple(names.input_metric(m) for m in ("abs_cos_mean", "overlap_k8", "angle_mean_k8_deg"))
 
 
 def WandbLoggerClass() -> type:  # noqa: N802 - stands for the class
@@ -91,7 +93,7 @@ def log_end_of_run(loggers: Iterable, records: dict[int, dict[str, float]]) -> N
     first, last = records[steps[0]], records[steps[-1]]
     charts = {}
     for name in HEADLINE_GEOMETRY:
-        chance = f"{name}_chance"
+        chance = names.companion(name, "_chance")
         pts = [s for s in steps if name in records[s] and chance in records[s]]
         if pts:
             charts[f"charts/{name.removeprefix('geometry/')}_vs_chance"] = wandb.plot.line_series(
@@ -99,10 +101,14 @@ def log_end_of_run(loggers: Iterable, records: dict[int, dict[str, float]]) -> N
                 keys=[name, chance], title=f"{name} and its chance", xname="step",
             )
     # The seed article's table: the pairwise cos/angle statistics, each with a Gaussian-matrix baseline.
-    pairwise = sorted(k for k in last if f"{k}_random" in last and not k.endswith(("_random", "_chance")))
+    pairwise = sorted(k for k in last if names.companion(k, "_random") in last and not k.endswith(("_random", "_chance")))
     if pairwise:
         columns = ["measure", f"init (step {steps[0]})", f"end (step {steps[-1]})", "chance", "random matrices"]
-        rows = [[k.removeprefix("geometry/"), first.get(k), last[k], last.get(f"{k}_chance"), last[f"{k}_random"]] for k in pairwise]
+        rows = [
+            [k.removeprefix("geometry/"), first.get(k), last[k],
+             last.get(names.companion(k, "_chance")), last[names.companion(k, "_random")]]
+            for k in pairwise
+        ]
         charts["tables/angle_table"] = wandb.Table(columns=columns, data=rows)
     for run in runs:
         run.log(charts)
