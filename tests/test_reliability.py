@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from data.corpus import CorpusError
 from data.datamodule import EpochShuffleSampler
-from tests.conftest import CONFIG_DIR, ROOT, compose_train_config, tiny_train_config
+from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, compose_train_config, tiny_train_config
 from training.pipeline import build_model, resolve_checkpoint, train
 from training.task import NonFiniteLossError
 from training.validate import ConfigError
@@ -511,3 +511,47 @@ def test_training_saves_through_the_atomic_checkpoint_io(tmp_path, tiny_corpus, 
                         lambda self, ckpt, path, storage_options=None: saved.append(Path(path).name) or real_save(self, ckpt, path))
     train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, []))
     assert "last.ckpt" in saved
+
+
+# -- 7. every PE type and attention kernel in every CPU precision -------------------------------------
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
+@pytest.mark.parametrize("attention", ["sdpa", "mha"])
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_every_pe_and_attention_trains_a_step_in_each_cpu_precision(pe, attention, precision, tmp_path):
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from training.task import LanguageModelTask
+
+    cfg = compose_train_config([f"pe={pe}", f"attention={attention}", "model.d_model=32", "model.n_heads=4", "model.n_layers=1",
+                                "data.seq_len=16"], tmp_path)
+    model = build_model(cfg, SimpleNamespace(vocab_size=50, mask_token_id=1))
+    before = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    blocks = torch.randint(2, 50, (8, 17), generator=torch.Generator().manual_seed(0))
+    trainer = L.Trainer(accelerator="cpu", precision=precision, max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(LanguageModelTask(model, warmup_steps=1, max_steps=1), DataLoader(blocks, batch_size=4))
+    assert trainer.global_step == 1
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v.float(), before[k])]
+    assert changed and all(torch.isfinite(v.float()).all() for v in model.state_dict().values())
+
+
+def test_rope_angles_are_float32_even_in_a_bf16_model():
+    from model.positional import RotaryPE
+
+    pe = RotaryPE(d_model=64, n_heads=1).to(torch.bfloat16)  # as precision=bf16-true does to every buffer
+    x = torch.ones(1, 1, 2048, 64, dtype=torch.bfloat16)
+    rotated = pe.rotate(x)
+    assert rotated.dtype == torch.bfloat16
+    exact = RotaryPE(d_model=64, n_heads=1).rotate(x.float())
+    # bf16 angles (an 8-bit mantissa) put position ~2000 off by up to a radian; float32 angles cast once stay at bf16 rounding
+    assert (rotated.float() - exact).abs().max() < 0.02
+
+
+def test_alibi_bias_takes_the_scores_dtype_in_the_explicit_kernel():
+    from model.attention import ExplicitAttention
+    from model.positional import ALiBiPE
+
+    attn = ExplicitAttention(32, 4, pe=ALiBiPE(32, 4)).to(torch.bfloat16)
+    y = attn(torch.randn(2, 8, 32, dtype=torch.bfloat16), causal=True)
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()
