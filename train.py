@@ -52,9 +52,12 @@ def unusable_run_dir(argv: list[str]) -> str | None:
     for arg in argv:
         key, sep, value = arg.partition("=")
         value = value.strip("'\"")
-        if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value:
+        if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir"):
             continue
-        path = Path(value).expanduser().absolute()
+        static = value.split("${", 1)[0]  # an interpolation (${now:...}) is resolved later: check the fixed part before it
+        if not static:
+            continue
+        path = Path(static).expanduser().absolute()
         existing = next(p for p in (path, *path.parents) if p.exists())
         if not existing.is_dir():
             return f"{key}={value} cannot be created: {existing} is a file, not a directory"

@@ -272,7 +272,27 @@ BAD_INPUTS = {
     "tiny_corpus": (CorpusError, r"the corpus is too small: its validation split has \d+ tokens, data.seq_len=16 needs at least 17"),
     "max_steps_negative": (ConfigError, r"trainer.max_steps=-1 must be a positive number of steps"),
     "lr_zero": (ConfigError, r"optimizer.lr=0.0 must be positive"),
+    "lr_nan": (ConfigError, r"optimizer.lr=nan must be positive and finite"),
+    "seed_negative": (ConfigError, r"seed=-1 must be an integer in \[0, 4294967295\]"),
+    "seed_expression": (ConfigError, r"seed=2\*\*40 must be an integer in \[0, 4294967295\]"),
+    "seed_too_large": (ConfigError, r"seed=1099511627776 must be an integer in \[0, 4294967295\]"),
+    "seq_len_not_a_number": (ConfigError, r"data.seq_len=abc must be an integer"),
+    "val_check_interval_zero": (ConfigError, r"trainer.val_check_interval=0 must be a positive number of steps or a fraction"),
+    "accumulate_zero": (ConfigError, r"trainer.accumulate_grad_batches=0 must be an integer >= 1"),
+    "geometry_n_tokens_zero": (ConfigError, r"callbacks.geometry.n_tokens=0 must be an integer >= 1"),
+    "max_steps_null": (ConfigError, r"trainer.max_steps=null: give a positive number of steps"),
+    "val_fraction_above_one": (ConfigError, r"data.corpus.val_fraction=1.5 must be a fraction in \(0, 1\)"),
 }
+# Cases that are a single override (the others build files or checkpoints first).
+BAD_OVERRIDES = {
+    "lr_nan": ["optimizer.lr=nan"], "seed_negative": ["seed=-1"], "seed_expression": ["seed=2**40"],
+    "seed_too_large": [f"seed={2**40}"], "seq_len_not_a_number": ["data.seq_len=abc"],
+    "val_check_interval_zero": ["trainer.val_check_interval=0"], "accumulate_zero": ["trainer.accumulate_grad_batches=0"],
+    "geometry_n_tokens_zero": ["callbacks.geometry.n_tokens=0"], "max_steps_null": ["trainer.max_steps=null"],
+    "val_fraction_above_one": ["data.corpus.val_files=null", "data.corpus.val_fraction=1.5"],
+}
+if not HAS_GEOMETRY:
+    del BAD_INPUTS["geometry_n_tokens_zero"], BAD_OVERRIDES["geometry_n_tokens_zero"]
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -301,6 +321,8 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(case, tmp_path, tiny_cor
         extra = ["trainer.max_steps=-1"]
     elif case == "lr_zero":
         extra = ["optimizer.lr=0.0"]
+    elif case in BAD_OVERRIDES:
+        extra = BAD_OVERRIDES[case]
     cache = tmp_path / "cache"
     cfg = tiny_train_config(tmp_path, corpus, cache, extra)
     if case == "output_dir_under_a_file":
@@ -349,6 +371,8 @@ def _cli_cases(tmp: Path, corpus: dict[str, Path], checkpoint: Path) -> dict[str
         "truncated_checkpoint": ([*good, f"ckpt_path={tmp / 'cut.ckpt'}"], cache),
         "output_dir_under_a_file": ([*good, f"paths.output_dir={tmp / 'file.txt' / 'run'}"], cache),
         "run_dir_under_a_file": ([*good, f"hydra.run.dir={tmp / 'file.txt' / 'run'}"], cache),
+        "run_dir_under_a_file_with_a_date": ([*good, f"hydra.run.dir={tmp / 'file.txt'}/${{now:%H-%M-%S}}"], cache),
+        "seed_expression": ([*good, "seed=2**40"], cache),
         "nan_loss": ([*good, "optimizer.lr=1e30", "optimizer.warmup_steps=1", "callbacks.checkpoint.every_n_train_steps=1"], cache),
         "corrupt_cache": ([*good, "trainer.max_steps=2"], corrupt_cache),
     }
@@ -379,6 +403,8 @@ CLI_ERRORS = {
     "truncated_checkpoint": (2, r"error: ckpt_path=.*cut.ckpt is not a readable Lightning checkpoint"),
     "output_dir_under_a_file": (2, r"error: paths.output_dir=.*file.txt/run is not writable \(Not a directory\)"),
     "run_dir_under_a_file": (2, r"error: hydra.run.dir=.*file.txt/run cannot be created: .*file.txt is a file, not a directory"),
+    "run_dir_under_a_file_with_a_date": (2, r"error: hydra.run.dir=.*file.txt/\$\{now:%H-%M-%S\} cannot be created: .*file.txt is a file"),
+    "seed_expression": (2, r"error: seed=2\*\*40 must be an integer in \[0, 4294967295\]"),
     "nan_loss": (1, r"error: training loss is (nan|inf) at step \d+; stopping. The last good checkpoint is kept.*"),
 }
 
@@ -555,3 +581,27 @@ def test_alibi_bias_takes_the_scores_dtype_in_the_explicit_kernel():
     attn = ExplicitAttention(32, 4, pe=ALiBiPE(32, 4)).to(torch.bfloat16)
     y = attn(torch.randn(2, 8, 32, dtype=torch.bfloat16), causal=True)
     assert y.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()
+
+
+# -- 8. leftovers and checkpoint names across resumes --------------------------------------------------
+def test_half_written_files_of_a_killed_run_are_removed_on_start(tmp_path, tiny_corpus, cache_dir):
+    run = tmp_path / "run"
+    leftovers = [run / "checkpoints" / ".last.ckpt.k1l2e3d4.tmp", run / "csv" / ".metrics.csv.a1b2c3.tmp", run / ".config.yaml.x9.tmp"]
+    for path in leftovers:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half a file")
+    (run / "notes.tmp").write_text("not ours: kept")  # only our writer's .<name>.<random>.tmp pattern is removed
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir))
+    assert not any(p.exists() for p in leftovers)
+    assert (run / "notes.tmp").exists() and (run / "checkpoints" / "last.ckpt").exists()
+
+
+def test_resume_from_an_older_checkpoint_continues_last_ckpt_itself(tmp_path, tiny_corpus, cache_dir):
+    steps = ["trainer.max_steps=6", "trainer.val_check_interval=6"]
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, steps))
+    ckpts = tmp_path / "run" / "checkpoints"
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert names == ["last.ckpt", "step000002.ckpt", "step000004.ckpt", "step000006.ckpt"]
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*steps, f"ckpt_path={ckpts / 'step000002.ckpt'}"]))
+    assert sorted(p.name for p in ckpts.iterdir()) == names  # no step...-v1.ckpt, no last-v1.ckpt
+    assert load_ckpt(ckpts / "last.ckpt")["global_step"] == 6 and load_ckpt(ckpts / "step000004.ckpt")["global_step"] == 4

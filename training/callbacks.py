@@ -39,6 +39,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(Path(path), buffer.getvalue())
 
 
+def remove_partial_writes(run_dir: Path) -> list[Path]:
+    """Delete the temporary files (``.<name>.<random>.tmp``) that a killed atomic write left in a run directory.
+
+    Only the run's own folders are swept (not the shared token cache, where another run may be writing).
+    Call it on global rank 0 before training starts, when no write of this run is in flight.
+    """
+    removed = []
+    for folder in (run_dir, run_dir / "checkpoints", run_dir / "csv"):
+        for path in folder.glob(".*.tmp") if folder.is_dir() else ():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        log.warning("removed %d half-written file(s) left by a killed run: %s", len(removed), ", ".join(p.name for p in removed))
+    return removed
+
+
 class StepCheckpoint(ModelCheckpoint):
     """ModelCheckpoint that also writes ``last.ckpt`` at the end and on an interruption.
 
@@ -49,6 +65,12 @@ class StepCheckpoint(ModelCheckpoint):
     Checkpoints are written by ``AtomicCheckpointIO``, so a kill during a save never
     leaves a truncated ``last.ckpt``.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        # A resume from an older checkpoint re-saves step files that exist: overwrite them (and last.ckpt),
+        # rather than writing step...-v1.ckpt and last-v1.ckpt beside a stale last.ckpt.
+        kwargs.setdefault("enable_version_counter", False)
+        super().__init__(*args, **kwargs)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)

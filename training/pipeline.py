@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from hydra.utils import get_class, instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
-from training.callbacks import AtomicCheckpointIO  # noqa: E402
+from training.callbacks import AtomicCheckpointIO, remove_partial_writes  # noqa: E402
 from training.task import LanguageModelTask  # noqa: E402
 from training.validate import ConfigError, check_config  # noqa: E402
 
@@ -130,6 +130,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         with open_dict(cfg):
             cfg.paths.output_dir = str(output_dir)  # checkpoints and logs continue in the original run
     check_writable(output_dir)
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:  # DDP's other ranks start later
+        remove_partial_writes(output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "highest"))
 
