@@ -605,3 +605,48 @@ def test_resume_from_an_older_checkpoint_continues_last_ckpt_itself(tmp_path, ti
     train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*steps, f"ckpt_path={ckpts / 'step000002.ckpt'}"]))
     assert sorted(p.name for p in ckpts.iterdir()) == names  # no step...-v1.ckpt, no last-v1.ckpt
     assert load_ckpt(ckpts / "last.ckpt")["global_step"] == 6 and load_ckpt(ckpts / "step000004.ckpt")["global_step"] == 4
+
+
+# -- 9. metrics.csv: crash-safe rewrites, final rows kept -----------------------------------------------
+def test_a_crash_during_the_csv_rewrite_leaves_the_previous_complete_file(tmp_path, monkeypatch):
+    from training.callbacks import _ResumingWriter
+
+    writer = _ResumingWriter(str(tmp_path), resume_step=None)
+    for step in range(5):
+        writer.log_metrics({"train/loss": 1.0 / (step + 1)}, step=step)
+    writer.save()
+    before = (tmp_path / "metrics.csv").read_text()
+    writer.log_metrics({"val/loss": 0.5}, step=4)  # a new column: the whole file is rewritten
+
+    def killed_mid_write(self, rows):
+        raise KeyboardInterrupt  # stands for the kill: the header is out, no row yet
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        writer.save()
+    assert (tmp_path / "metrics.csv").read_text() == before
+    monkeypatch.undo()
+    writer.save()
+    rows = read_rows(tmp_path / "metrics.csv")
+    assert [r["step"] for r in rows] == ["0", "1", "2", "3", "4", "4"] and rows[-1]["val/loss"] == "0.5"
+    assert not temp_files(tmp_path)
+
+
+def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
+    from training.callbacks import _ResumingWriter
+
+    (tmp_path / "metrics.csv").write_text("step,train/loss\n0,1.0\n1,0.9\n2,0.")
+    _ResumingWriter(str(tmp_path), resume_step=5)
+    assert read_rows(tmp_path / "metrics.csv") == [{"step": "0", "train/loss": "1.0"}, {"step": "1", "train/loss": "0.9"}]
+
+
+@pytest.mark.skipif(not HAS_GEOMETRY, reason="no geometry callback configured")
+def test_rerunning_the_resume_of_a_finished_run_keeps_its_final_rows(tmp_path, tiny_corpus, cache_dir):
+    args = ["trainer.max_steps=4", "trainer.val_check_interval=4", "callbacks.geometry.every_n_steps=2",
+            "callbacks.geometry.measures=[input]"]
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, args))
+    metrics = tmp_path / "run" / "csv" / "metrics.csv"
+    finished = read_rows(metrics)
+    assert logged_steps(metrics, "geometry/abs_cos_mean")[-1] == 4
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*args, f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]))
+    assert read_rows(metrics) == finished

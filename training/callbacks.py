@@ -87,37 +87,75 @@ class StepCheckpoint(ModelCheckpoint):
 
 
 class _ResumingWriter(ExperimentWriter):
-    """Keeps the rows of an interrupted run up to the resume step, then appends.
+    """A crash-safe metrics.csv that keeps the rows of an interrupted run up to the resume step, then appends.
 
-    Lightning's writer deletes an existing metrics.csv. On resume we keep rows logged
-    before the checkpoint's step, and drop any new row whose (step, metric names)
-    is already there, so the series has no gap and no duplicate.
+    - Crash-safe: Lightning rewrites the whole file in place when a new column appears (the first
+      ``val/loss``, say), and a kill during that rewrite leaves it empty. Here every rewrite goes to a
+      temporary file that is renamed over the old one, so a kill leaves the previous complete file;
+      plain appends add whole rows, and a row cut short by a kill is dropped when the file is read back.
+    - Resumable: Lightning's writer deletes an existing metrics.csv. On resume we keep the rows logged up
+      to and including the checkpoint's step, and drop any new row whose (step, metric names) is already
+      there, so the series has no gap and no duplicate, and re-running a finished run's resume keeps its
+      final rows.
     """
 
     def __init__(self, log_dir: str, resume_step: int | None) -> None:
-        path = os.path.join(log_dir, self.NAME_METRICS_FILE)
+        super().__init__(log_dir)  # (its check that deletes metrics.csv is replaced below)
         kept, header = [], []
-        if resume_step is not None and os.path.isfile(path):
-            with open(path, newline="") as f:
-                reader = csv.DictReader(f)
-                header = list(reader.fieldnames or [])
-                kept = [row for row in reader if row.get("step") and int(row["step"]) < resume_step]
-        super().__init__(log_dir)  # removes the old file
+        if resume_step is not None:
+            header, rows = read_complete_rows(Path(self.metrics_file_path))
+            kept = [row for row in rows if row.get("step") and int(row["step"]) <= resume_step]
         self._seen = {self._row_key(row) for row in kept}
+        self.metrics_keys = sorted(header) if kept else []
         if kept:
-            self.metrics_keys = sorted(header)
-            with open(self.metrics_file_path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
-                writer.writeheader()
-                writer.writerows(kept)
+            self._replace_file(kept)
+        elif os.path.isfile(self.metrics_file_path):
+            os.remove(self.metrics_file_path)  # a fresh run in a used directory starts a fresh series (Lightning's rule)
+
+    def _check_log_dir_exists(self) -> None:
+        """Lightning deletes an existing metrics.csv here; ``__init__`` decides what to keep instead."""
 
     @staticmethod
     def _row_key(row: dict) -> tuple:
         return int(row["step"]), frozenset(k for k, v in row.items() if k != "step" and v not in ("", None))
 
+    def _replace_file(self, rows: list[dict]) -> None:
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.metrics_keys)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_bytes(Path(self.metrics_file_path), text.getvalue().encode())
+
     def save(self) -> None:
         self.metrics = [m for m in self.metrics if self._row_key(m) not in self._seen]
-        super().save()
+        if not self.metrics:
+            return
+        self._record_new_keys()
+        header, _ = read_complete_rows(Path(self.metrics_file_path), header_only=True)
+        if sorted(header) != self.metrics_keys:  # a new column (or no file yet): rewrite the whole file
+            _, old_rows = read_complete_rows(Path(self.metrics_file_path))
+            self._replace_file(old_rows + self.metrics)
+        else:
+            text = io.StringIO()
+            csv.DictWriter(text, fieldnames=self.metrics_keys).writerows(self.metrics)
+            with open(self.metrics_file_path, "a", newline="") as f:
+                f.write(text.getvalue())  # one write of whole rows
+        self.metrics = []
+
+
+def read_complete_rows(path: Path, header_only: bool = False) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and rows of a metrics.csv, without a last line that a kill cut short (no newline at its end)."""
+    if not path.is_file():
+        return [], []
+    if header_only:
+        with open(path, newline="") as f:
+            return next(csv.reader(f), []), []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = list(reader)
+    return list(reader.fieldnames or []), rows
 
 
 class ResumableCSVLogger(CSVLogger):
