@@ -26,24 +26,44 @@ log = logging.getLogger("train")
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from training.interrupt import received_signal
     from training.pipeline import train  # heavy imports after Hydra has parsed the command line
 
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         metrics = train(cfg)
-    except (ConfigError, CorpusError) as err:
-        log.error("error: %s", err)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except NonFiniteLossError as err:
-        log.error("error: %s", err)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
     except SIGTERMException:
-        # Lightning raises it (a SystemExit with status 0) once StepCheckpoint has saved last.ckpt;
-        # exit 143 = 128 + SIGTERM so a scheduler does not take a pre-empted run for a finished one.
-        print(f"error: stopped by SIGTERM; resume with ckpt_path={cfg.paths.output_dir}/checkpoints/last.ckpt", file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM)
+        # GracefulStop saved last.ckpt between steps; Lightning raised this (a SystemExit with status 0).
+        # 128 + signal, so a scheduler does not take a pre-empted run for a finished one. A sweep stops too.
+        signum = received_signal() or signal.SIGTERM
+        name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+        log.error("error: stopped by %s; exit code %d", name, 128 + signum)  # every rank's log
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one line on the terminal, however many DDP ranks
+            print(f"error: stopped by {name}; resume with ckpt_path={cfg.paths.output_dir}/checkpoints/last.ckpt", file=sys.stderr)
+        sys.exit(128 + signum)
+    except Exception as err:  # noqa: BLE001 - in a sweep every failure is reported, not only the expected ones
+        code = 1 if isinstance(err, NonFiniteLossError) else 2 if isinstance(err, (ConfigError, CorpusError)) else None
+        if code is None:
+            if not in_sweep:
+                raise  # an unexpected error in a single run keeps its traceback
+            log.exception("job failed")  # the traceback goes to this job's train.log
+        log.error("error: %s", err)
+        if not in_sweep:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(code)
+        # In a sweep, sys.exit would end every job still to come (Hydra does not catch SystemExit):
+        # report this one and go on; the failures are listed when the sweep ends.
+        job = HydraConfig.get().job
+        FAILED_JOBS.append(f"job {job.num} ({job.override_dirname or 'no overrides'}): {type(err).__name__}: {err}")
+        print(f"error: sweep {FAILED_JOBS[-1]}", file=sys.stderr)
+        return None
     return metrics.get("val/loss")  # for Hydra sweepers that optimise a value
+
+
+FAILED_JOBS: list[str] = []  # sweep jobs that failed, reported when the sweep ends
 
 
 def unusable_run_dir(argv: list[str]) -> str | None:
@@ -71,3 +91,6 @@ if __name__ == "__main__":
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     main()
+    if FAILED_JOBS:
+        print(f"error: {len(FAILED_JOBS)} sweep job(s) failed:", *(f"  {line}" for line in FAILED_JOBS), sep="\n", file=sys.stderr)
+        sys.exit(1)

@@ -61,7 +61,8 @@ class StepCheckpoint(ModelCheckpoint):
     - With ``every_n_train_steps`` set, Lightning only saves on those steps, so a run
       of 1000 steps checkpointed every 300 would end with step 900 as "last".
     - Ctrl-C and SIGTERM (a scheduler pre-empting the job) save ``last.ckpt`` before
-      exiting. Any other error (a NaN loss, say) keeps the last good checkpoint.
+      exiting (``training.interrupt.GracefulStop`` stops between steps). Any other error
+      (a NaN loss, say) keeps the last good checkpoint.
     Checkpoints are written by ``AtomicCheckpointIO``, so a kill during a save never
     leaves a truncated ``last.ckpt``.
     """
@@ -77,7 +78,9 @@ class StepCheckpoint(ModelCheckpoint):
         self._save_last_if_new(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+        # GracefulStop turns Ctrl-C and SIGTERM into this exception between steps, where step, data position and
+        # RNG agree. A bare KeyboardInterrupt (Ctrl-C twice) can come mid-step: saving then would resume one batch off.
+        if isinstance(exception, SIGTERMException):
             log.warning("interrupted at step %d: saving last.ckpt in %s", trainer.global_step, self.dirpath)
             self._save_last_if_new(trainer)
 

@@ -23,6 +23,7 @@ from hydra.utils import get_class, instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 from training.callbacks import AtomicCheckpointIO, remove_partial_writes  # noqa: E402
+from training.interrupt import GracefulStop  # noqa: E402
 from training.task import LanguageModelTask  # noqa: E402
 from training.validate import ConfigError, check_config  # noqa: E402
 
@@ -147,7 +148,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     loggers = _instantiate_all(cfg.logger, resume_step=resume_step)
     trainer: L.Trainer = instantiate(
-        cfg.trainer, callbacks=_instantiate_all(cfg.callbacks), logger=loggers or False, plugins=[AtomicCheckpointIO()]
+        cfg.trainer, callbacks=[*_instantiate_all(cfg.callbacks), GracefulStop()], logger=loggers or False, plugins=[AtomicCheckpointIO()]
     )
     if trainer.is_global_zero:
         write_run_info(cfg, output_dir, datamodule, model)
