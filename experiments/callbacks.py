@@ -152,6 +152,9 @@ class GeometryCallback(L.Callback):
             return
         self._last_step = step
         model: LanguageModel = pl_module.model
+        if not all(p.isfinite().all() for p in model.parameters()):  # an SVD of NaN weights raises LinAlgError
+            log.warning("geometry not measured at step %d: the weights hold nan/inf", step)
+            return
         was_training = model.training
         model.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
