@@ -157,9 +157,14 @@ class GeometryCallback(L.Callback):
             return
         was_training = model.training
         model.eval()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            metrics = self.measure(model)
-        model.train(was_training)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                metrics = self.measure(model)
+        except torch.linalg.LinAlgError as err:  # finite but exploding weights: nan/inf hidden states
+            log.warning("geometry not measured at step %d: %s", step, err)
+            return
+        finally:
+            model.train(was_training)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 

@@ -703,8 +703,8 @@ def test_a_failed_sweep_job_is_reported_and_the_sweep_goes_on(tmp_path, tiny_cor
 def test_a_huge_learning_rate_stops_before_non_finite_weights_are_saved(tmp_path, tiny_corpus, cache_dir):
     cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, [
         "optimizer.lr=1000", "optimizer.warmup_steps=1", "trainer.max_steps=30", "trainer.val_check_interval=30",
-        "callbacks.checkpoint.every_n_train_steps=1", "trainer.gradient_clip_val=null",
-        *(["callbacks.geometry.every_n_steps=1", "callbacks.geometry.measures=[input]"] if HAS_GEOMETRY else []),
+        "callbacks.checkpoint.every_n_train_steps=1", "data.seq_len=32", "data.batch_size=8",
+        *(["callbacks.geometry.every_n_steps=1"] if HAS_GEOMETRY else []),  # (it measured the NaN weights: LinAlgError)
     ])
     stopped = r"^(weights became non-finite \(\S+ holds nan/inf\) in the optimiser step of|training loss is \S+ at) step \d+; stopping"
     with pytest.raises(NonFiniteLossError, match=stopped):
