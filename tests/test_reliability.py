@@ -541,7 +541,7 @@ def test_training_saves_through_the_atomic_checkpoint_io(tmp_path, tiny_corpus, 
 
 # -- 7. every PE type and attention kernel in every CPU precision -------------------------------------
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
-@pytest.mark.parametrize("attention", ["sdpa", "mha"])
+@pytest.mark.parametrize("attention", ["sdpa", "explicit"])
 @pytest.mark.parametrize("pe", PE_TYPES)
 def test_every_pe_and_attention_trains_a_step_in_each_cpu_precision(pe, attention, precision, tmp_path):
     import lightning as L

@@ -12,10 +12,9 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("WANDB_MODE", "offline")  # a logger.wandb.offline=false run still goes online
-os.environ.setdefault("WANDB_SILENT", "true")
+import offline  # noqa: F401  (sets the offline environment before lightning/wandb load)
+
+# isort: split
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
