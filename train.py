@@ -42,33 +42,53 @@ OmegaConf.register_new_resolver("run_folder_name", run_folder_name, replace=True
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     # heavy imports after Hydra has parsed the command line
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from data.corpus import CorpusError
+    from training.interrupt import received_signal
     from training.pipeline import resume_command, train
     from training.task import NonFiniteLossError
     from training.validate import ConfigError
 
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         metrics = train(cfg)
-    except (ConfigError, CorpusError) as err:
-        log.error("error: %s", err)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except NonFiniteLossError as err:
-        log.error("error: %s", err)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
     except SIGTERMException:
-        # Lightning raises it (a SystemExit with status 0) once StepCheckpoint has saved last.ckpt;
-        # exit 143 = 128 + SIGTERM so a scheduler does not take a pre-empted run for a finished one.
-        print(f"error: stopped by SIGTERM; resume with {resume_command(cfg)}", file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM)
+        # GracefulStop saved last.ckpt between steps; Lightning raised this (a SystemExit with status 0).
+        # 128 + signal, so a scheduler does not take a pre-empted run for a finished one. A sweep stops too.
+        signum = received_signal() or signal.SIGTERM
+        name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+        log.error("error: stopped by %s; exit code %d", name, 128 + signum)  # every rank's log
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one line on the terminal, however many DDP ranks
+            print(f"error: stopped by {name}; resume with {resume_command(cfg)}", file=sys.stderr)
+        sys.exit(128 + signum)
     except KeyboardInterrupt:
-        # StepCheckpoint saved last.ckpt on the way out; exit 1 as Lightning's own Ctrl-C handler does.
-        print(f"error: interrupted (Ctrl-C); resume with {resume_command(cfg)}", file=sys.stderr)
-        sys.exit(1)
+        # a second Ctrl-C stops at once, without saving: the last checkpoint on disk is the one to resume from
+        print(f"error: interrupted (Ctrl-C twice); resume from the last saved checkpoint with {resume_command(cfg)}", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+    except Exception as err:  # noqa: BLE001 - in a sweep every failure is reported, not only the expected ones
+        code = 1 if isinstance(err, NonFiniteLossError) else 2 if isinstance(err, (ConfigError, CorpusError)) else None
+        if code is None:
+            if not in_sweep:
+                raise  # an unexpected error in a single run keeps its traceback
+            log.exception("job failed")  # the traceback goes to this job's train.log
+        log.error("error: %s", err)
+        if not in_sweep:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(code)
+        # In a sweep, sys.exit would end every job still to come (Hydra does not catch SystemExit):
+        # report this one and go on; the failures are listed when the sweep ends.
+        hydra_cfg = HydraConfig.get()
+        overrides = " ".join(hydra_cfg.overrides.task) or "no overrides"
+        FAILED_JOBS.append(f"job {hydra_cfg.job.num} ({overrides}): {type(err).__name__}: {err}")
+        print(f"error: sweep {FAILED_JOBS[-1]}", file=sys.stderr)
+        return None
     return metrics.get("val/loss")  # for Hydra sweepers that optimise a value
+
+
+FAILED_JOBS: list[str] = []  # sweep jobs that failed, reported when the sweep ends
 
 
 def unusable_run_dir(argv: list[str]) -> str | None:
@@ -77,9 +97,12 @@ def unusable_run_dir(argv: list[str]) -> str | None:
     for arg in argv:
         key, sep, value = arg.partition("=")
         value = value.strip("'\"")
-        if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value:
+        if not sep or key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir"):
             continue
-        path = Path(value).expanduser().absolute()
+        static = value.split("${", 1)[0]  # an interpolation (${now:...}) is resolved later: check the fixed part before it
+        if not static:
+            continue
+        path = Path(static).expanduser().absolute()
         existing = next(p for p in (path, *path.parents) if p.exists())
         if not existing.is_dir():
             return f"{key}={value} cannot be created: {existing} is a file, not a directory"
@@ -93,3 +116,6 @@ if __name__ == "__main__":
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     main()
+    if FAILED_JOBS:
+        print(f"error: {len(FAILED_JOBS)} sweep job(s) failed:", *(f"  {line}" for line in FAILED_JOBS), sep="\n", file=sys.stderr)
+        sys.exit(1)

@@ -105,11 +105,19 @@ class GeometryCallback(L.Callback):
             return
         self._last_step = step
         model: LanguageModel = pl_module.model
+        if not all(p.isfinite().all() for p in model.parameters()):  # an SVD of NaN weights raises LinAlgError
+            log.warning("geometry not measured at step %d: the weights hold nan/inf", step)
+            return
         was_training = model.training
         model.eval()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            metrics = self.measure(model)
-        model.train(was_training)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                metrics = self.measure(model)
+        except torch.linalg.LinAlgError as err:  # finite but exploding weights: nan/inf hidden states
+            log.warning("geometry not measured at step %d: %s", step, err)
+            return
+        finally:
+            model.train(was_training)
         self.records[step] = metrics
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

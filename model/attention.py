@@ -115,7 +115,7 @@ class ExplicitAttention(MultiHeadAttention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool) -> Tensor:
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
         if bias is not None:
-            scores = scores + bias
+            scores = scores + bias.to(scores.dtype)  # a float32 bias would promote bf16 scores (and then fail on v)
         if causal:
             scores = scores.masked_fill(~causal_mask(*scores.shape[-2:], scores.device), float("-inf"))
         weights = scores.softmax(dim=-1)

@@ -132,6 +132,7 @@ class RotaryPE(PositionalEncoding):
         super().__init__(d_model, n_heads)
         self.check_settings(d_model, n_heads, seq_len=0)
         d_head = d_model // n_heads
+        self.base, self.d_head = base, d_head
         inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self._cache: tuple[int, Tensor, Tensor] | None = None
@@ -145,15 +146,18 @@ class RotaryPE(PositionalEncoding):
 
     def _cos_sin(self, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
         if self._cache is None or self._cache[0] < seq_len or self._cache[1].device != device:
+            # Angles in float32 from the base itself: a bf16 model (precision=bf16-true) also casts the
+            # inv_freq buffer to bf16, whose 8-bit mantissa would put far positions at the wrong angle.
+            inv_freq = self.base ** (-torch.arange(0, self.d_head, 2, device=device, dtype=torch.float64) / self.d_head)
             pos = torch.arange(seq_len, device=device, dtype=torch.float32)
-            angles = torch.outer(pos, self.inv_freq.to(device))  # (T, dh/2)
+            angles = torch.outer(pos, inv_freq.float())  # (T, dh/2)
             self._cache = (seq_len, angles.cos(), angles.sin())
         _, cos, sin = self._cache
         return cos[:seq_len], sin[:seq_len]
 
     def rotate(self, x: Tensor) -> Tensor:
         """Rotate x (..., T, dh) pairwise by its position."""
-        cos, sin = self._cos_sin(x.shape[-2], x.device)
+        cos, sin = (t.to(x.dtype) for t in self._cos_sin(x.shape[-2], x.device))  # q, k, v keep one dtype
         x_even, x_odd = x[..., 0::2], x[..., 1::2]
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return rotated.flatten(-2)
@@ -196,4 +200,4 @@ class ALiBiPE(PositionalEncoding):
         q_pos = torch.arange(q_len, device=self.slopes.device)[:, None]
         k_pos = torch.arange(k_len, device=self.slopes.device)[None, :]
         distance = (q_pos - k_pos).abs().float()  # (Tq, Tk)
-        return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
+        return -self.slopes.float()[:, None, None] * distance  # (H, Tq, Tk), float32: attention casts it to its scores' dtype

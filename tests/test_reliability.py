@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from data.corpus import CorpusError
 from data.datamodule import EpochShuffleSampler
-from tests.conftest import CONFIG_DIR, ROOT, compose_train_config, tiny_train_config
+from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, compose_train_config, tiny_train_config
 from training.pipeline import build_model, resolve_checkpoint, train
 from training.task import NonFiniteLossError
 from training.validate import ConfigError
@@ -176,7 +176,7 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(model, tmp_path, tiny
 
 # -- 2. SIGTERM / Ctrl-C -------------------------------------------------------------------------
 @pytest.mark.slow  # runs train.py in a subprocess
-@pytest.mark.parametrize("sig,exit_code", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 1)], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig,exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_interrupt_saves_last_ckpt_at_the_interrupted_step(sig, exit_code, tmp_path, tiny_corpus, cache_dir):
     run = tmp_path / "run"
     proc = start(run, [*corpus_args(tiny_corpus), *RUN, "trainer.max_steps=5000"], cache_dir)
@@ -185,8 +185,8 @@ def test_interrupt_saves_last_ckpt_at_the_interrupted_step(sig, exit_code, tmp_p
     result = finish(proc, timeout=60)
     assert result.returncode == exit_code, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    if sig == signal.SIGTERM:
-        assert error_lines(result.stderr) == [f"error: stopped by SIGTERM; resume with ckpt_path={run}/checkpoints/last.ckpt"]
+    name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT (Ctrl-C)"
+    assert error_lines(result.stderr) == [f"error: stopped by {name}; resume with ckpt_path={run}/checkpoints/last.ckpt"]
     interrupted = int(re.search(r"interrupted at step (\d+)", (run / "train.log").read_text()).group(1))
     periodic = max(int(p.stem[4:]) for p in (run / "checkpoints").glob("step*.ckpt"))
     last = load_ckpt(run / "checkpoints" / "last.ckpt")
@@ -272,7 +272,27 @@ BAD_INPUTS = {
     "tiny_corpus": (CorpusError, r"the corpus is too small: its validation split has \d+ tokens, data.seq_len=16 needs at least 17"),
     "max_steps_negative": (ConfigError, r"trainer.max_steps=-1 must be a positive number of steps"),
     "lr_zero": (ConfigError, r"optimizer.lr=0.0 must be positive"),
+    "lr_nan": (ConfigError, r"optimizer.lr=nan must be positive and finite"),
+    "seed_negative": (ConfigError, r"seed=-1 must be an integer in \[0, 4294967295\]"),
+    "seed_expression": (ConfigError, r"seed=2\*\*40 must be an integer in \[0, 4294967295\]"),
+    "seed_too_large": (ConfigError, r"seed=1099511627776 must be an integer in \[0, 4294967295\]"),
+    "seq_len_not_a_number": (ConfigError, r"data.seq_len=abc must be an integer"),
+    "val_check_interval_zero": (ConfigError, r"trainer.val_check_interval=0 must be a positive number of steps or a fraction"),
+    "accumulate_zero": (ConfigError, r"trainer.accumulate_grad_batches=0 must be an integer >= 1"),
+    "geometry_n_tokens_zero": (ConfigError, r"callbacks.geometry.n_tokens=0 must be an integer >= 1"),
+    "max_steps_null": (ConfigError, r"trainer.max_steps=null: give a positive number of steps"),
+    "val_fraction_above_one": (ConfigError, r"data.corpus.val_fraction=1.5 must be a fraction in \(0, 1\)"),
 }
+# Cases that are a single override (the others build files or checkpoints first).
+BAD_OVERRIDES = {
+    "lr_nan": ["optimizer.lr=nan"], "seed_negative": ["seed=-1"], "seed_expression": ["seed=2**40"],
+    "seed_too_large": [f"seed={2**40}"], "seq_len_not_a_number": ["data.seq_len=abc"],
+    "val_check_interval_zero": ["trainer.val_check_interval=0"], "accumulate_zero": ["trainer.accumulate_grad_batches=0"],
+    "geometry_n_tokens_zero": ["callbacks.geometry.n_tokens=0"], "max_steps_null": ["trainer.max_steps=null"],
+    "val_fraction_above_one": ["data.corpus.val_files=null", "data.corpus.val_fraction=1.5"],
+}
+if not HAS_GEOMETRY:
+    del BAD_INPUTS["geometry_n_tokens_zero"], BAD_OVERRIDES["geometry_n_tokens_zero"]
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -301,6 +321,8 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(case, tmp_path, tiny_cor
         extra = ["trainer.max_steps=-1"]
     elif case == "lr_zero":
         extra = ["optimizer.lr=0.0"]
+    elif case in BAD_OVERRIDES:
+        extra = BAD_OVERRIDES[case]
     cache = tmp_path / "cache"
     cfg = tiny_train_config(tmp_path, corpus, cache, extra)
     if case == "output_dir_under_a_file":
@@ -349,6 +371,8 @@ def _cli_cases(tmp: Path, corpus: dict[str, Path], checkpoint: Path) -> dict[str
         "truncated_checkpoint": ([*good, f"ckpt_path={tmp / 'cut.ckpt'}"], cache),
         "output_dir_under_a_file": ([*good, f"paths.output_dir={tmp / 'file.txt' / 'run'}"], cache),
         "run_dir_under_a_file": ([*good, f"hydra.run.dir={tmp / 'file.txt' / 'run'}"], cache),
+        "run_dir_under_a_file_with_a_date": ([*good, f"hydra.run.dir={tmp / 'file.txt'}/${{now:%H-%M-%S}}"], cache),
+        "seed_expression": ([*good, "seed=2**40"], cache),
         "nan_loss": ([*good, "optimizer.lr=1e30", "optimizer.warmup_steps=1", "callbacks.checkpoint.every_n_train_steps=1"], cache),
         "corrupt_cache": ([*good, "trainer.max_steps=2"], corrupt_cache),
     }
@@ -379,6 +403,8 @@ CLI_ERRORS = {
     "truncated_checkpoint": (2, r"error: ckpt_path=.*cut.ckpt is not a readable Lightning checkpoint"),
     "output_dir_under_a_file": (2, r"error: paths.output_dir=.*file.txt/run is not writable \(Not a directory\)"),
     "run_dir_under_a_file": (2, r"error: hydra.run.dir=.*file.txt/run cannot be created: .*file.txt is a file, not a directory"),
+    "run_dir_under_a_file_with_a_date": (2, r"error: hydra.run.dir=.*file.txt/\$\{now:%H-%M-%S\} cannot be created: .*file.txt is a file"),
+    "seed_expression": (2, r"error: seed=2\*\*40 must be an integer in \[0, 4294967295\]"),
     "nan_loss": (1, r"error: training loss is (nan|inf) at step \d+; stopping. The last good checkpoint is kept.*"),
 }
 
@@ -511,3 +537,259 @@ def test_training_saves_through_the_atomic_checkpoint_io(tmp_path, tiny_corpus, 
                         lambda self, ckpt, path, storage_options=None: saved.append(Path(path).name) or real_save(self, ckpt, path))
     train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, []))
     assert "last.ckpt" in saved
+
+
+# -- 7. every PE type and attention kernel in every CPU precision -------------------------------------
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
+@pytest.mark.parametrize("attention", ["sdpa", "explicit"])
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_every_pe_and_attention_trains_a_step_in_each_cpu_precision(pe, attention, precision, tmp_path):
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from training.task import LanguageModelTask
+
+    cfg = compose_train_config([f"pe={pe}", f"attention={attention}", "model.d_model=32", "model.n_heads=4", "model.n_layers=1",
+                                "data.seq_len=16"], tmp_path)
+    model = build_model(cfg, SimpleNamespace(vocab_size=50, mask_token_id=1))
+    before = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    blocks = torch.randint(2, 50, (8, 17), generator=torch.Generator().manual_seed(0))
+    trainer = L.Trainer(accelerator="cpu", precision=precision, max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(LanguageModelTask(model, warmup_steps=1, max_steps=1), DataLoader(blocks, batch_size=4))
+    assert trainer.global_step == 1
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v.float(), before[k])]
+    assert changed and all(torch.isfinite(v.float()).all() for v in model.state_dict().values())
+
+
+def test_rope_angles_are_float32_even_in_a_bf16_model():
+    from model.positional import RotaryPE
+
+    pe = RotaryPE(d_model=64, n_heads=1).to(torch.bfloat16)  # as precision=bf16-true does to every buffer
+    x = torch.ones(1, 1, 2048, 64, dtype=torch.bfloat16)
+    rotated = pe.rotate(x)
+    assert rotated.dtype == torch.bfloat16
+    exact = RotaryPE(d_model=64, n_heads=1).rotate(x.float())
+    # bf16 angles (an 8-bit mantissa) put position ~2000 off by up to a radian; float32 angles cast once stay at bf16 rounding
+    assert (rotated.float() - exact).abs().max() < 0.02
+
+
+def test_alibi_bias_takes_the_scores_dtype_in_the_explicit_kernel():
+    from model.attention import ExplicitAttention
+    from model.positional import ALiBiPE
+
+    attn = ExplicitAttention(32, 4, pe=ALiBiPE(32, 4)).to(torch.bfloat16)
+    y = attn(torch.randn(2, 8, 32, dtype=torch.bfloat16), causal=True)
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()
+
+
+# -- 8. leftovers and checkpoint names across resumes --------------------------------------------------
+def test_half_written_files_of_a_killed_run_are_removed_on_start(tmp_path, tiny_corpus, cache_dir):
+    run = tmp_path / "run"
+    leftovers = [run / "checkpoints" / ".last.ckpt.k1l2e3d4.tmp", run / "csv" / ".metrics.csv.a1b2c3.tmp", run / ".config.yaml.x9.tmp"]
+    for path in leftovers:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half a file")
+    (run / "notes.tmp").write_text("not ours: kept")  # only our writer's .<name>.<random>.tmp pattern is removed
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir))
+    assert not any(p.exists() for p in leftovers)
+    assert (run / "notes.tmp").exists() and (run / "checkpoints" / "last.ckpt").exists()
+
+
+def test_resume_from_an_older_checkpoint_continues_last_ckpt_itself(tmp_path, tiny_corpus, cache_dir):
+    steps = ["trainer.max_steps=6", "trainer.val_check_interval=6"]
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, steps))
+    ckpts = tmp_path / "run" / "checkpoints"
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert names == ["last.ckpt", "step000002.ckpt", "step000004.ckpt", "step000006.ckpt"]
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*steps, f"ckpt_path={ckpts / 'step000002.ckpt'}"]))
+    assert sorted(p.name for p in ckpts.iterdir()) == names  # no step...-v1.ckpt, no last-v1.ckpt
+    assert load_ckpt(ckpts / "last.ckpt")["global_step"] == 6 and load_ckpt(ckpts / "step000004.ckpt")["global_step"] == 4
+
+
+# -- 9. metrics.csv: crash-safe rewrites, final rows kept -----------------------------------------------
+def test_a_crash_during_the_csv_rewrite_leaves_the_previous_complete_file(tmp_path, monkeypatch):
+    from training.callbacks import _ResumingWriter
+
+    writer = _ResumingWriter(str(tmp_path), resume_step=None)
+    for step in range(5):
+        writer.log_metrics({"train/loss": 1.0 / (step + 1)}, step=step)
+    writer.save()
+    before = (tmp_path / "metrics.csv").read_text()
+    writer.log_metrics({"val/loss": 0.5}, step=4)  # a new column: the whole file is rewritten
+
+    def killed_mid_write(self, rows):
+        raise KeyboardInterrupt  # stands for the kill: the header is out, no row yet
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        writer.save()
+    assert (tmp_path / "metrics.csv").read_text() == before
+    monkeypatch.undo()
+    writer.save()
+    rows = read_rows(tmp_path / "metrics.csv")
+    assert [r["step"] for r in rows] == ["0", "1", "2", "3", "4", "4"] and rows[-1]["val/loss"] == "0.5"
+    assert not temp_files(tmp_path)
+
+
+def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
+    from training.callbacks import _ResumingWriter
+
+    (tmp_path / "metrics.csv").write_text("step,train/loss\n0,1.0\n1,0.9\n2,0.")
+    _ResumingWriter(str(tmp_path), resume_step=5)
+    assert read_rows(tmp_path / "metrics.csv") == [{"step": "0", "train/loss": "1.0"}, {"step": "1", "train/loss": "0.9"}]
+
+
+@pytest.mark.skipif(not HAS_GEOMETRY, reason="no geometry callback configured")
+def test_rerunning_the_resume_of_a_finished_run_keeps_its_final_rows(tmp_path, tiny_corpus, cache_dir):
+    args = ["trainer.max_steps=4", "trainer.val_check_interval=4", "callbacks.geometry.every_n_steps=2",
+            "callbacks.geometry.measures=[input]"]
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, args))
+    metrics = tmp_path / "run" / "csv" / "metrics.csv"
+    finished = read_rows(metrics)
+    assert logged_steps(metrics, "geometry/abs_cos_mean")[-1] == 4
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*args, f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]))
+    assert read_rows(metrics) == finished
+
+
+# -- 10. Ctrl-C / SIGTERM resume as exactly as kill -9 --------------------------------------------------
+@pytest.mark.slow  # runs train.py in a subprocess
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_then_resume_matches_the_uninterrupted_run(sig, tmp_path, tiny_corpus, cache_dir):
+    """The checkpoint an interrupt saves has step, data position and RNG of one same moment: the resume is exact.
+    (Geometry is off: it measures at the resume step, an extra row after an off-grid resume; see the doc.)"""
+    args = [*corpus_args(tiny_corpus), *RUN, "model=encoder", *(["~callbacks.geometry"] if HAS_GEOMETRY else [])]
+    straight = start(tmp_path / "straight", args, cache_dir)
+    run = tmp_path / "stopped"
+    stopped = start(run, args, cache_dir)
+    wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 24, stopped, "step 24")
+    stopped.send_signal(sig)
+    assert finish(stopped, timeout=60).returncode == 128 + sig
+    last = load_ckpt(run / "checkpoints" / "last.ckpt")
+    assert 24 <= last["global_step"] < STEPS and last["global_step"] % 10  # off the periodic grid: the interrupt's own save
+    position = last["TextDataModule"]  # the datamodule's state: training batches consumed in the current epoch
+    n_batches = 34  # training blocks per epoch / batch size on the tiny corpus, as the RUN comment says
+    assert position["epoch"] * n_batches + position["batches"] == last["global_step"]  # the data position agrees with the step
+    resumed = finish(start(tmp_path / "resumed", [*args, f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], cache_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert finish(straight).returncode == 0
+    assert_same_series(read_rows(run / "csv" / "metrics.csv"), read_rows(tmp_path / "straight" / "csv" / "metrics.csv"))
+    a, b = load_ckpt(run / "checkpoints" / "last.ckpt"), load_ckpt(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    for name, tensor in b["state_dict"].items():
+        assert torch.equal(a["state_dict"][name], tensor), f"{name} differs after the resume"
+    assert not temp_files(tmp_path)
+
+
+# -- 11. a sweep goes on past a failed job ----------------------------------------------------------------
+@pytest.mark.slow  # runs train.py in a subprocess
+def test_a_failed_sweep_job_is_reported_and_the_sweep_goes_on(tmp_path, tiny_corpus, cache_dir):
+    env = {**os.environ, "PE_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1"}
+    args = [*corpus_args(tiny_corpus), *RUN, "trainer.max_steps=2", "model.n_heads=3,4", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *args], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = error_lines(result.stderr)
+    assert re.match(r"error: sweep job 0 \(.*model.n_heads=3.*\): ConfigError: model.d_model=32 is not divisible by model.n_heads=3",
+                    lines[0])
+    assert lines[1] == "error: 1 sweep job(s) failed:" and "job 0 (" in result.stderr.split(lines[1])[1]
+    jobs = sorted((tmp_path / "sweep").iterdir())
+    assert [p.name.split("_")[0] for p in jobs if p.is_dir()][:2] == ["0", "1"]
+    assert load_ckpt(jobs[1] / "checkpoints" / "last.ckpt")["global_step"] == 2  # the job after the failure ran
+    assert not (jobs[0] / "checkpoints").exists()
+
+
+# -- 12. non-finite weights: never saved, never measured ---------------------------------------------------
+def test_a_huge_learning_rate_stops_before_non_finite_weights_are_saved(tmp_path, tiny_corpus, cache_dir):
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, [
+        "optimizer.lr=1000", "optimizer.warmup_steps=1", "trainer.max_steps=30", "trainer.val_check_interval=30",
+        "callbacks.checkpoint.every_n_train_steps=1", "data.seq_len=32", "data.batch_size=8",
+        *(["callbacks.geometry.every_n_steps=1"] if HAS_GEOMETRY else []),  # (it measured the NaN weights: LinAlgError)
+    ])
+    stopped = r"^(weights became non-finite \(\S+ holds nan/inf\) in the optimiser step of|training loss is \S+ at) step \d+; stopping"
+    with pytest.raises(NonFiniteLossError, match=stopped):
+        train(cfg)
+    ckpts = sorted((tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts, "it trained at least one step"
+    for path in ckpts:
+        assert all(torch.isfinite(t).all() for t in load_ckpt(path)["state_dict"].values()), f"{path.name} holds nan/inf weights"
+    assert not temp_files(tmp_path)
+
+
+def test_the_weight_check_names_the_step_and_the_parameter(tmp_path, tiny_corpus, cache_dir, monkeypatch):
+    from training.task import LanguageModelTask
+
+    real_step = LanguageModelTask.optimizer_step
+
+    def poison_at_step_3(self, epoch, batch_idx, optimizer, optimizer_closure):
+        def closure():  # the loss is finite; one gradient entry, set after clipping, makes the update NaN
+            loss = optimizer_closure()
+            if self.global_step == 3:
+                self.model.W_E.grad[0, 0] = float("nan")
+            return loss
+
+        return real_step(self, epoch, batch_idx, optimizer, closure)
+
+    monkeypatch.setattr(LanguageModelTask, "optimizer_step", poison_at_step_3)
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["trainer.max_steps=6", "callbacks.checkpoint.every_n_train_steps=1"])
+    with pytest.raises(NonFiniteLossError, match=r"weights became non-finite \(\S+ holds nan/inf\) in the optimiser step of step 3; "):
+        train(cfg)
+    assert load_ckpt(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 3
+
+
+# -- 13. SIGTERM under DDP -----------------------------------------------------------------------------------
+@pytest.mark.slow  # runs train.py in a subprocess (two DDP processes)
+@pytest.mark.parametrize("target", ["rank0", "every_rank"])
+def test_sigterm_under_ddp_saves_once_and_every_rank_exits_143(target, tmp_path, tiny_corpus, cache_dir):
+    """``kill <rank 0>`` (the other rank learns of it at the next step) and a scheduler's SIGTERM to every process."""
+    run = tmp_path / "run"
+    args = [*corpus_args(tiny_corpus), *RUN, "trainer=ddp", "trainer.max_steps=5000", *(["~callbacks.geometry"] if HAS_GEOMETRY else [])]
+    proc = start(run, args, cache_dir)
+    wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 14, proc, "step 14")
+    if target == "rank0":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)
+    result = finish(proc, timeout=60)
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert error_lines(result.stderr) == [f"error: stopped by SIGTERM; resume with ckpt_path={run}/checkpoints/last.ckpt"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # rank 1 exits too (same process group)
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("rank 1 did not exit")
+    steps = [int(m) for m in re.findall(r"interrupted at step (\d+) by SIGTERM", (run / "train.log").read_text())]
+    rank1 = (run / "train_ddp_process_1.log").read_text()
+    assert steps and re.findall(r"interrupted at step (\d+) by SIGTERM", rank1) == [str(steps[0])]  # both ranks stopped at one step
+    assert "stopped by SIGTERM; exit code 143" in rank1
+    assert load_ckpt(run / "checkpoints" / "last.ckpt")["global_step"] == steps[0]
+    assert not temp_files(tmp_path)
+
+
+def test_sigterm_during_the_final_validation_lets_the_run_finish_its_rows(tmp_path, tiny_corpus, cache_dir, monkeypatch):
+    """Lightning abandoned the final validation on SIGTERM, and a resume at the last step never repeats it."""
+    from training.task import LanguageModelTask
+
+    real_step = LanguageModelTask.validation_step
+
+    def sigterm_in_final_validation(self, block, batch_idx):
+        if self.global_step == 4 and batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # a real signal, to this very process
+        return real_step(self, block, batch_idx)
+
+    monkeypatch.setattr(LanguageModelTask, "validation_step", sigterm_in_final_validation)
+    geometry = ["callbacks.geometry.every_n_steps=2", "callbacks.geometry.measures=[input]"] if HAS_GEOMETRY else []
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["trainer.max_steps=4", "trainer.val_check_interval=4",
+                                                               "trainer.limit_val_batches=3", *geometry])
+    train(cfg)  # finishes: the signal came after the last step
+    metrics = tmp_path / "run" / "csv" / "metrics.csv"
+    assert logged_steps(metrics, "val/loss") == [3]  # Lightning logs a validation at the step it follows
+    if HAS_GEOMETRY:
+        assert logged_steps(metrics, "geometry/abs_cos_mean")[-1] == 4
+    assert load_ckpt(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 4

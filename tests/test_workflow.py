@@ -200,9 +200,9 @@ def test_ctrl_c_prints_the_resume_override(tmp_path, tiny_corpus):
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 1
+    assert proc.returncode == 130  # 128 + SIGINT
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        f"error: interrupted (Ctrl-C); resume with ckpt_path={run}/checkpoints/last.ckpt"
+        f"error: stopped by SIGINT (Ctrl-C); resume with ckpt_path={run}/checkpoints/last.ckpt"
     ]
     assert (run / "checkpoints" / "last.ckpt").is_file()
 

@@ -39,23 +39,48 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(Path(path), buffer.getvalue())
 
 
+def remove_partial_writes(run_dir: Path) -> list[Path]:
+    """Delete the temporary files (``.<name>.<random>.tmp``) that a killed atomic write left in a run directory.
+
+    Only the run's own folders are swept (not the shared token cache, where another run may be writing).
+    Call it on global rank 0 before training starts, when no write of this run is in flight.
+    """
+    removed = []
+    for folder in (run_dir, run_dir / "checkpoints", run_dir / "csv"):
+        for path in folder.glob(".*.tmp") if folder.is_dir() else ():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        log.warning("removed %d half-written file(s) left by a killed run: %s", len(removed), ", ".join(p.name for p in removed))
+    return removed
+
+
 class StepCheckpoint(ModelCheckpoint):
     """ModelCheckpoint that also writes ``last.ckpt`` at the end and on an interruption.
 
     - With ``every_n_train_steps`` set, Lightning only saves on those steps, so a run
       of 1000 steps checkpointed every 300 would end with step 900 as "last".
     - Ctrl-C and SIGTERM (a scheduler pre-empting the job) save ``last.ckpt`` before
-      exiting. Any other error (a NaN loss, say) keeps the last good checkpoint.
+      exiting (``training.interrupt.GracefulStop`` stops between steps). Any other error
+      (a NaN loss, say) keeps the last good checkpoint.
     Checkpoints are written by ``AtomicCheckpointIO``, so a kill during a save never
     leaves a truncated ``last.ckpt``.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        # A resume from an older checkpoint re-saves step files that exist: overwrite them (and last.ckpt),
+        # rather than writing step...-v1.ckpt and last-v1.ckpt beside a stale last.ckpt.
+        kwargs.setdefault("enable_version_counter", False)
+        super().__init__(*args, **kwargs)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         self._save_last_if_new(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+        # GracefulStop turns Ctrl-C and SIGTERM into this exception between steps, where step, data position and
+        # RNG agree. A bare KeyboardInterrupt (Ctrl-C twice) can come mid-step: saving then would resume one batch off.
+        if isinstance(exception, SIGTERMException):
             log.warning("interrupted at step %d: saving last.ckpt in %s", trainer.global_step, self.dirpath)
             self._save_last_if_new(trainer)
 
@@ -65,37 +90,75 @@ class StepCheckpoint(ModelCheckpoint):
 
 
 class _ResumingWriter(ExperimentWriter):
-    """Keeps the rows of an interrupted run up to the resume step, then appends.
+    """A crash-safe metrics.csv that keeps the rows of an interrupted run up to the resume step, then appends.
 
-    Lightning's writer deletes an existing metrics.csv. On resume we keep rows logged
-    before the checkpoint's step, and drop any new row whose (step, metric names)
-    is already there, so the series has no gap and no duplicate.
+    - Crash-safe: Lightning rewrites the whole file in place when a new column appears (the first
+      ``val/loss``, say), and a kill during that rewrite leaves it empty. Here every rewrite goes to a
+      temporary file that is renamed over the old one, so a kill leaves the previous complete file;
+      plain appends add whole rows, and a row cut short by a kill is dropped when the file is read back.
+    - Resumable: Lightning's writer deletes an existing metrics.csv. On resume we keep the rows logged up
+      to and including the checkpoint's step, and drop any new row whose (step, metric names) is already
+      there, so the series has no gap and no duplicate, and re-running a finished run's resume keeps its
+      final rows.
     """
 
     def __init__(self, log_dir: str, resume_step: int | None) -> None:
-        path = os.path.join(log_dir, self.NAME_METRICS_FILE)
+        super().__init__(log_dir)  # (its check that deletes metrics.csv is replaced below)
         kept, header = [], []
-        if resume_step is not None and os.path.isfile(path):
-            with open(path, newline="") as f:
-                reader = csv.DictReader(f)
-                header = list(reader.fieldnames or [])
-                kept = [row for row in reader if row.get("step") and int(row["step"]) < resume_step]
-        super().__init__(log_dir)  # removes the old file
+        if resume_step is not None:
+            header, rows = read_complete_rows(Path(self.metrics_file_path))
+            kept = [row for row in rows if row.get("step") and int(row["step"]) <= resume_step]
         self._seen = {self._row_key(row) for row in kept}
+        self.metrics_keys = sorted(header) if kept else []
         if kept:
-            self.metrics_keys = sorted(header)
-            with open(self.metrics_file_path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
-                writer.writeheader()
-                writer.writerows(kept)
+            self._replace_file(kept)
+        elif os.path.isfile(self.metrics_file_path):
+            os.remove(self.metrics_file_path)  # a fresh run in a used directory starts a fresh series (Lightning's rule)
+
+    def _check_log_dir_exists(self) -> None:
+        """Lightning deletes an existing metrics.csv here; ``__init__`` decides what to keep instead."""
 
     @staticmethod
     def _row_key(row: dict) -> tuple:
         return int(row["step"]), frozenset(k for k, v in row.items() if k != "step" and v not in ("", None))
 
+    def _replace_file(self, rows: list[dict]) -> None:
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.metrics_keys)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_bytes(Path(self.metrics_file_path), text.getvalue().encode())
+
     def save(self) -> None:
         self.metrics = [m for m in self.metrics if self._row_key(m) not in self._seen]
-        super().save()
+        if not self.metrics:
+            return
+        self._record_new_keys()
+        header, _ = read_complete_rows(Path(self.metrics_file_path), header_only=True)
+        if sorted(header) != self.metrics_keys:  # a new column (or no file yet): rewrite the whole file
+            _, old_rows = read_complete_rows(Path(self.metrics_file_path))
+            self._replace_file(old_rows + self.metrics)
+        else:
+            text = io.StringIO()
+            csv.DictWriter(text, fieldnames=self.metrics_keys).writerows(self.metrics)
+            with open(self.metrics_file_path, "a", newline="") as f:
+                f.write(text.getvalue())  # one write of whole rows
+        self.metrics = []
+
+
+def read_complete_rows(path: Path, header_only: bool = False) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and rows of a metrics.csv, without a last line that a kill cut short (no newline at its end)."""
+    if not path.is_file():
+        return [], []
+    if header_only:
+        with open(path, newline="") as f:
+            return next(csv.reader(f), []), []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = list(reader)
+    return list(reader.fieldnames or []), rows
 
 
 class ResumableCSVLogger(CSVLogger):

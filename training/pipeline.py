@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import platform
 import shlex
 import subprocess
@@ -24,7 +25,8 @@ from lightning.pytorch.utilities import rank_zero  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 from training import wandb_run  # noqa: E402
-from training.callbacks import AtomicCheckpointIO  # noqa: E402
+from training.callbacks import AtomicCheckpointIO, remove_partial_writes  # noqa: E402
+from training.interrupt import GracefulStop  # noqa: E402
 from training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
 from training.run_config import RunConfigInCheckpoint, apply_resume_config, saved_run_config  # noqa: E402
 from training.summary import geometry_records, run_summary  # noqa: E402
@@ -206,7 +208,8 @@ def build_callbacks(cfg: DictConfig, run_config: dict, has_logger: bool) -> list
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     if cfg.trainer.get("enable_model_summary", True):
         callbacks.append(ParameterSummary())
-    return [*callbacks, RunConfigInCheckpoint(run_config), ValidateAtEnd()]
+    # GracefulStop turns SIGTERM/Ctrl-C into a stop between optimiser steps, so the saved checkpoint is exact
+    return [*callbacks, RunConfigInCheckpoint(run_config), ValidateAtEnd(), GracefulStop()]
 
 
 def resume_command(cfg: DictConfig) -> str:
@@ -236,6 +239,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     del state
     check_config(cfg)
     check_writable(output_dir)
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:  # DDP's other ranks start later
+        remove_partial_writes(output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "highest"))
 

@@ -14,7 +14,15 @@ from model.transformer import LanguageModel
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or inf."""
+    """The loss, or the weights after an optimiser step, became NaN or inf."""
+
+
+def first_non_finite_parameter(module: torch.nn.Module) -> str | None:
+    """The name of the first parameter holding a NaN or inf, else None (one device sync for all parameters)."""
+    named = [(name, p) for name, p in module.named_parameters()]
+    if not named or bool(torch.stack([p.detach().isfinite().all() for _, p in named]).all()):
+        return None
+    return next(name for name, p in named if not p.detach().isfinite().all())
 
 
 def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
@@ -57,6 +65,18 @@ class LanguageModelTask(L.LightningModule):
             )
         self.log("train/loss", loss, prog_bar=True)
         return loss
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        step = self.global_step  # the step being taken, as in the loss check's message
+        super().optimizer_step(*args, **kwargs)
+        # A finite loss can still take a step to NaN/inf weights (a huge learning rate): stop here, before
+        # the checkpoint callback saves them as "last good" or the geometry callback measures them.
+        bad = first_non_finite_parameter(self.model)
+        if bad is not None:
+            raise NonFiniteLossError(
+                f"weights became non-finite ({bad} holds nan/inf) in the optimiser step of step {step}; stopping. "
+                "The last good checkpoint is kept (checkpoints/last.ckpt); try a lower optimizer.lr or gradient clipping"
+            )
 
     def validation_step(self, block: Tensor, batch_idx: int) -> None:
         # Validation's random draws (MLM masks) must not advance the training RNG: a run resumed
