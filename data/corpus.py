@@ -166,6 +166,8 @@ class TextFilesCorpus(Corpus):
     ):
         if not train_files:
             raise CorpusError("data=text_files needs data.corpus.train_files=[path, ...]")
+        if not 0 < val_fraction < 1:
+            raise CorpusError(f"data.corpus.val_fraction={val_fraction} must be a fraction in (0, 1)")
         self.train_files = [Path(p).expanduser() for p in train_files]
         self.val_files = [Path(p).expanduser() for p in val_files or []]
         self.val_fraction = val_fraction

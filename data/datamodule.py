@@ -46,6 +46,19 @@ class BlockDataset(Dataset):
         start = i * self.seq_len
         return torch.from_numpy(self.stream[start : start + self.seq_len + 1].astype(np.int64))
 
+    def __getstate__(self) -> dict:
+        # A memmap pickles as a full in-memory copy; send its file instead (DataLoader workers under spawn).
+        state = dict(self.__dict__)
+        if isinstance(self.stream, np.memmap) and self.stream.filename is not None:
+            state["stream"] = (self.stream.filename, self.stream.dtype, self.stream.offset, self.stream.shape)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if isinstance(state["stream"], tuple):
+            filename, dtype, offset, shape = state["stream"]
+            state["stream"] = np.memmap(filename, dtype=dtype, mode="r", offset=offset, shape=shape)
+        self.__dict__.update(state)
+
 
 class EpochShuffleSampler(Sampler[int]):
     """A fresh permutation per epoch from (seed, epoch) alone, able to start mid-epoch.

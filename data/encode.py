@@ -9,7 +9,9 @@ as it is iterated (``num_proc`` does not apply).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import datasets
@@ -33,6 +35,21 @@ class EncodeBatch:
         return {"ids": [e.ids + [self.eos] for e in self.tokenizer.encode_batch_fast(texts)]}
 
 
+@contextmanager
+def _tokenizer_threads_off():
+    """Worker processes each encode single-threaded: one process per core, and no tokenizers
+    warning about a fork after its thread pool was used (it was, to train the tokenizer)."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
 def encode_documents(
     dataset: datasets.Dataset | datasets.IterableDataset,
     text_column: str,
@@ -50,19 +67,21 @@ def encode_documents(
             if batch["ids"]:
                 yield np.concatenate([np.asarray(ids, dtype=dtype) for ids in batch["ids"]])
         return
-    encoded = dataset.map(
-        encode,
-        batched=True,
-        batch_size=MAP_BATCH_DOCS,
-        writer_batch_size=MAP_BATCH_DOCS,
-        num_proc=num_proc if num_proc > 1 and len(dataset) > 1 else None,
-        remove_columns=dataset.column_names,
-        features=features,
-        cache_file_name=str(work_dir / "ids.arrow"),  # ours to delete, never beside the user's data
-        load_from_cache_file=False,
-        new_fingerprint=work_dir.name,  # skips hashing the tokenizer-holding function
-        desc="tokenizing",
-    )
+    processes = num_proc if num_proc > 1 and len(dataset) > 1 else None
+    with _tokenizer_threads_off() if processes else nullcontext():
+        encoded = dataset.map(
+            encode,
+            batched=True,
+            batch_size=MAP_BATCH_DOCS,
+            writer_batch_size=MAP_BATCH_DOCS,
+            num_proc=processes,
+            remove_columns=dataset.column_names,
+            features=features,
+            cache_file_name=str(work_dir / "ids.arrow"),  # ours to delete, never beside the user's data
+            load_from_cache_file=False,
+            new_fingerprint=work_dir.name,  # skips hashing the tokenizer-holding function
+            desc="tokenizing",
+        )
     for cache_file in encoded.cache_files:  # one per process, in document order
         # Plain reads, not the memory map: pages of a read map would count as resident memory.
         with pa.OSFile(cache_file["filename"]) as source:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 import random
 import string
 import time
@@ -151,6 +152,11 @@ def test_non_utf8_file_is_named_or_replaced(tmp_path):
     assert "\ufffd" in splits["train"][0].text
 
 
+def test_val_fraction_outside_zero_one_is_a_clear_error(tmp_path):
+    with pytest.raises(CorpusError, match=r"data.corpus.val_fraction=1.5 must be a fraction in \(0, 1\)"):
+        TextFilesCorpus([str(tmp_path / "a.txt")], val_fraction=1.5)
+
+
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(CorpusError, match="not found.*nope.txt"):
         TextFilesCorpus([str(tmp_path / "nope.txt")]).splits()
@@ -183,6 +189,9 @@ def test_streams_are_memory_mapped_token_files_read_lazily(tmp_path, tiny_corpus
     blocks = BlockDataset(dm.streams["train"], dm.seq_len)
     assert blocks.stream is dm.streams["train"]  # no copy of the whole stream
     assert blocks[3].dtype == torch.int64 and blocks[3].tolist() == dm.streams["train"][48:65].tolist()
+    sent = pickle.loads(pickle.dumps(blocks))  # as to a spawned DataLoader worker: the file, not a copy
+    assert len(pickle.dumps(blocks)) < 1000 and isinstance(sent.stream, np.memmap)
+    assert sent[3].tolist() == blocks[3].tolist() and len(sent) == len(blocks)
 
 
 def test_token_files_use_uint32_beyond_65536_tokens_and_round_trip(tmp_path):
