@@ -12,9 +12,11 @@ conversion, the tokenizer trained on a bounded sample, ``datasets.map`` into tok
 files) with its own empty caches, and that process reports:
 - tokens/s of the tokenization step alone, and end to end (loading + tokenizer + tokenization);
 - peak resident memory, ``ru_maxrss``. It counts the pages of memory-mapped Arrow files the
-  process has read, which the kernel can drop at any time, so the peak of *anonymous*
-  memory (RssAnon, sampled every 20 ms) is printed beside it: that is the memory the
-  process actually holds, and it must not grow with the corpus beyond the tokenizer's sample.
+  process has read (datasets maps the converted corpus; ``datasets.map`` reads all of it),
+  which the kernel can drop at any time, so the peak of *anonymous* memory (RssAnon,
+  sampled every 20 ms) is printed beside it: that is the memory the process actually holds,
+  and it must not grow with the corpus beyond the tokenizer's sample. With ``--streaming``
+  nothing is memory-mapped and ``ru_maxrss`` itself stays flat.
 With ``--num-proc`` above 1 the tokenizing processes are separate: their largest
 ``ru_maxrss`` is printed too (RssAnon is sampled for the main process only).
 """
@@ -85,14 +87,14 @@ class AnonPeak(threading.Thread):
             time.sleep(0.02)
 
 
-def measure(train_files: list[str], val_file: str, cache_dir: str, num_proc: int, sample_chars: int) -> dict:
+def measure(train_files: list[str], val_file: str, cache_dir: str, num_proc: int, sample_chars: int, streaming: bool) -> dict:
     sampler = AnonPeak()
     sampler.start()
     from data.hf import HFDataModule
 
     dm = HFDataModule(
         path="parquet", data_files={"train": train_files, "validation": val_file}, vocab_size=2048, seq_len=128,
-        cache_dir=cache_dir, num_proc=num_proc, tokenizer_sample_chars=sample_chars,
+        cache_dir=cache_dir, num_proc=num_proc, tokenizer_sample_chars=sample_chars, streaming=streaming,
     )
     started = time.perf_counter()
     dm.prepare_data()
@@ -121,6 +123,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5 MB and 20 MB")
     parser.add_argument("--num-proc", type=int, default=1)
     parser.add_argument("--tokenizer-sample-mb", type=float, default=10, help="data.tokenizer_sample_chars, in MB")
+    parser.add_argument("--streaming", action="store_true", help="data.streaming=true: parquet read as it is tokenized")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # JSON arguments of one measured build
     args = parser.parse_args()
     if args.child:
@@ -130,7 +133,7 @@ def main() -> None:
     speeches = play_speeches()
     sample_chars = int(args.tokenizer_sample_mb * 1e6)
     print(f"{len(speeches)} play speeches; documents of {SPEECHES_PER_DOC}; tokenizer sample {sample_chars:,} characters; "
-          f"num_proc={args.num_proc}; {os.cpu_count()} CPUs")
+          f"num_proc={args.num_proc}; streaming={args.streaming}; {os.cpu_count()} CPUs")
     print(f"{'corpus':>8} {'tokens':>12} {'tokenize tok/s':>15} {'end-to-end tok/s':>17} {'total s':>8} "
           f"{'ru_maxrss MB':>13} {'peak anon MB':>13} {'workers maxrss MB':>18}")
     for size_mb in sizes:
@@ -140,7 +143,7 @@ def main() -> None:
             (folder / "val").mkdir()
             val_file = write_corpus(folder / "val", 1, speeches, seed=1)[0]
             child_args = {"train_files": train_files, "val_file": val_file, "cache_dir": str(folder / "tokens"),
-                          "num_proc": args.num_proc, "sample_chars": sample_chars}
+                          "num_proc": args.num_proc, "sample_chars": sample_chars, "streaming": args.streaming}
             # A fresh process per size (ru_maxrss is a lifetime peak); datasets' Arrow cache inside the temp folder.
             env = {**os.environ, "HF_DATASETS_CACHE": str(folder / "hf-cache"), "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
             result = subprocess.run([sys.executable, __file__, "--child", json.dumps(child_args)], env=env,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import pickle
 import random
 import string
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +26,7 @@ from data.corpus import VALIDATION_PLAYS, CorpusError, ShakespeareCorpus, TextFi
 from data.datamodule import BlockDataset, TextDataModule
 from data.hf import HFDataModule
 from data.tokenizer import MAX_RUN_CHARS, check_tokenizer_settings, train_tokenizer, training_sample
-from tests.conftest import compose_train_config
+from tests.conftest import ROOT, TINY, compose_train_config
 
 PLAY = """# A Play
 
@@ -363,3 +367,18 @@ def test_data_hf_config_takes_load_dataset_keys(tmp_path, parquet_files):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     assert isinstance(dm, HFDataModule) and dm.vocab_size == 300 and dm.n_tokens("validation") > 17
+
+
+@pytest.mark.slow
+def test_train_py_with_data_hf_and_relative_parquet_files(tmp_path, parquet_files):
+    """The README's command, run from the folder holding a.parquet and b.parquet."""
+    parquet_files["train"].rename(tmp_path / "a.parquet")
+    parquet_files["validation"].rename(tmp_path / "b.parquet")
+    args = ["data=hf", "data.path=parquet", "data.data_files={train: a.parquet, validation: b.parquet}", "data.text_column=story",
+            *TINY, "logger=csv", "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {**os.environ, "PE_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    info = json.loads((tmp_path / "run" / "run_info.json").read_text())
+    assert info["vocab_size"] == 300 and info["tokens"]["train"] > 10_000 and info["tokens"]["validation"] > 10_000
