@@ -41,6 +41,20 @@ def test_cached_decoding_gives_the_logits_of_a_full_forward_pass(model_cls, pe, 
     assert (cached - full).abs().max().item() <= 1e-5
 
 
+def test_cached_decoding_past_the_initial_sinusoidal_table():
+    """The sinusoidal table grows on demand; a cached step past its initial size gets the right row."""
+    from model import SinusoidalPE
+
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=lambda **kw: SinusoidalPE(**kw, max_len=8)).eval()
+    idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cached = incremental_logits(model, idx, None)
+        model.decoder.pe.table = model.decoder.pe.table[:8]  # back to the initial size for the full pass
+        full = model(idx)
+    assert (cached - full).abs().max().item() <= 1e-5
+
+
 def test_cache_keeps_keys_already_rotated_and_encoder_output_once():
     model = build(EncoderDecoder, "rope", SDPAttention).eval()
     calls = []
