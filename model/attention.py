@@ -104,6 +104,7 @@ class MultiHeadAttention(nn.Module):
             bias = self.pe.score_bias(T, k.shape[2], start)  # (H, T, S) or None
         if cache is not None:
             cache.put(self, k, v)
+        causal = causal and T > 1  # a single query is the newest position: it may see every key
         y = self.attend(q, k, v, bias, causal)  # (B, H, T, dh)
         return self.o(y.transpose(1, 2).reshape(B, T, C))
 
