@@ -10,7 +10,6 @@ The model and its tokenizer are rebuilt from the checkpoint's own config (option
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,8 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+import offline  # noqa: F401  (the offline environment, before anything that could download)
 
 CONFIG_PATH = Path(__file__).resolve().parent / "configs" / "generate.yaml"
 
@@ -42,6 +40,7 @@ def load_checkpoint(ckpt_path: str | Path, device: str = "cpu"):
     """Rebuild (model in eval mode, tokenizer, run config) from a train.py checkpoint."""
     import torch
 
+    from training.build import build_datamodule
     from training.pipeline import build_model
 
     path = Path(ckpt_path).expanduser()
@@ -53,8 +52,7 @@ def load_checkpoint(ckpt_path: str | Path, device: str = "cpu"):
     except Exception as err:
         raise GenerateError(f"ckpt_path={ckpt_path} is not a readable Lightning checkpoint ({type(err).__name__}: {err})") from None
     cfg = load_run_config(path, checkpoint)
-    datamodule = hydra.utils.instantiate(cfg.data)
-    datamodule.prepare_data()  # the tokenizer comes from the data cache the run used (rebuilt identically if missing)
+    datamodule = build_datamodule(cfg)  # the tokenizer comes from the data cache the run used (rebuilt identically if missing)
     model = build_model(cfg, datamodule)
     prefix = "model."  # LanguageModelTask keeps the network as ``self.model``
     model.load_state_dict({k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)})
