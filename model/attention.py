@@ -4,6 +4,9 @@
 can keep the attention weights for analysis; ``SDPAttention`` hands the same
 tensors to ``torch.nn.functional.scaled_dot_product_attention``. Both share the
 projections, so with the same weights they give the same outputs.
+
+``KVCache`` holds the keys and values already computed during incremental decoding,
+so each new token costs one query against the cache instead of a full forward pass.
 """
 
 from __future__ import annotations
@@ -15,6 +18,28 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.positional import PositionalEncoding
+
+
+class KVCache:
+    """Keys and values of the tokens a decoder has already read, for incremental decoding.
+
+    One cache belongs to one generation: pass the same object to every forward call.
+    Self-attention layers append the new tokens' keys (already rotated, for RoPE) and
+    values; cross-attention layers compute their context's keys and values on the first
+    call and reuse them. ``length`` is the number of tokens read so far, which is also
+    the absolute position of the next one; the model advances it after each call.
+    """
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.context: Tensor | None = None  # the encoder output, for an encoder-decoder
+        self._layers: dict[nn.Module, tuple[Tensor, Tensor]] = {}
+
+    def get(self, layer: nn.Module) -> tuple[Tensor, Tensor] | None:
+        return self._layers.get(layer)
+
+    def put(self, layer: nn.Module, k: Tensor, v: Tensor) -> None:
+        self._layers[layer] = (k, v)
 
 
 class MultiHeadAttention(nn.Module):
@@ -83,17 +108,31 @@ class MultiHeadAttention(nn.Module):
         """(d_model,)"""
         return self.o.bias
 
-    def forward(self, x: Tensor, context: Tensor | None = None, causal: bool = False) -> Tensor:
-        B, T, C = x.shape
-        source = x if context is None else context
-        S = source.shape[1]
-        q = self.q(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, dh)
+    def _keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        B, S, _ = source.shape
         k, v = self.kv(source).view(B, S, 2, self.n_heads, self.d_head).unbind(2)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, dh)
+        return k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, dh) each
+
+    def forward(
+        self, x: Tensor, context: Tensor | None = None, causal: bool = False, cache: KVCache | None = None
+    ) -> Tensor:
+        """x (B, T, D) -> (B, T, D). With ``cache``, x holds only the tokens after ``cache.length``."""
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, dh)
+        past = cache.get(self) if cache is not None else None
         bias = None
-        if context is None:
-            q, k = self.pe.rotate_qk(q, k)
-            bias = self.pe.score_bias(T, S)  # (H, T, S) or None
+        if context is not None:  # cross-attention: the context's keys and values never change
+            k, v = past if past is not None else self._keys_values(context)
+        else:
+            start = cache.length if cache is not None else 0
+            k, v = self._keys_values(x)
+            q, k = self.pe.rotate_qk(q, k, start)
+            if past is not None:
+                k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)  # (B, H, start + T, dh)
+            bias = self.pe.score_bias(T, k.shape[2], start)  # (H, T, S) or None
+        if cache is not None:
+            cache.put(self, k, v)
+        causal = causal and T > 1  # a single query is the newest position: it may see every key
         y = self.attend(q, k, v, bias, causal)  # (B, H, T, dh)
         return self.o(y.transpose(1, 2).reshape(B, T, C))
 
@@ -102,8 +141,12 @@ class MultiHeadAttention(nn.Module):
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
-    """Boolean (Tq, Tk) mask, True where query i may attend to key j (j <= i)."""
-    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
+    """Boolean (Tq, Tk) mask, True where query i may attend to key j.
+
+    The queries are the last ``q_len`` of the ``k_len`` positions (a cache holds the
+    earlier ones), so query i sits at position ``k_len - q_len + i`` and sees j up to it.
+    """
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
 
 
 class ExplicitAttention(MultiHeadAttention):
@@ -130,8 +173,11 @@ class SDPAttention(MultiHeadAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool) -> Tensor:
         dropout = self.dropout if self.training else 0.0
-        if bias is None:
+        T, S = q.shape[-2], k.shape[-2]
+        if bias is None and (T == S or not causal):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal)
+        if bias is None:  # is_causal aligns the mask top-left; cached queries need it bottom-right
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, S, q.device), dropout_p=dropout)
         if causal:  # SDPA takes one mask: fold the causal mask into the additive bias
-            bias = bias.masked_fill(~causal_mask(*bias.shape[-2:], bias.device), float("-inf"))
+            bias = bias.masked_fill(~causal_mask(T, S, bias.device), float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)

@@ -9,7 +9,14 @@ three hooks and the model calls all three without knowing which one it has:
 - ``score_bias(q_len, k_len)``: an (H, Tq, Tk) tensor added to attention scores,
   or None (ALiBi).
 
-``position_table`` exposes the absolute table when there is one (for analysis).
+Each hook takes ``start_pos``, the absolute position of the first token it is
+given (0 in a full forward pass). Incremental decoding with a key/value cache
+feeds only the new tokens, so they must be placed at their own positions: the
+input term of position ``start_pos``, RoPE rotation by ``start_pos + i``, ALiBi
+distances from the new queries to all cached keys (which start at position 0).
+
+``position_table`` exposes the absolute table when there is one (for analysis);
+``max_positions`` is the longest sequence the encoding can place (None = no limit).
 """
 
 from __future__ import annotations
@@ -35,13 +42,18 @@ class PositionalEncoding(nn.Module):
         ``settings`` are the encoding's own config keys (``max_len``, ``base``, ...); the base accepts anything.
         """
 
-    def input_term(self, seq_len: int) -> Tensor | None:
+    def input_term(self, seq_len: int, start_pos: int = 0) -> Tensor | None:
         return None
 
-    def rotate_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate_qk(self, q: Tensor, k: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor]:
         return q, k
 
-    def score_bias(self, q_len: int, k_len: int) -> Tensor | None:
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor | None:
+        return None
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence this encoding can place, or None when it has no limit."""
         return None
 
     @property
@@ -83,10 +95,11 @@ class SinusoidalPE(PositionalEncoding):
         if d_model % 2:
             raise ValueError(f"sinusoidal PE needs an even model.d_model (sin/cos pairs), got {d_model}")
 
-    def input_term(self, seq_len: int) -> Tensor:
-        if seq_len > self.table.shape[0]:
-            self.table = sinusoidal_table(seq_len, self.d_model).to(self.table.device)
-        return self.table[:seq_len]
+    def input_term(self, seq_len: int, start_pos: int = 0) -> Tensor:
+        end = start_pos + seq_len
+        if end > self.table.shape[0]:
+            self.table = sinusoidal_table(end, self.d_model).to(self.table.device)
+        return self.table[start_pos:end]
 
     @property
     def position_table(self) -> Tensor:
@@ -109,13 +122,18 @@ class LearnedPE(PositionalEncoding):
                 "raise pe.max_len or shorten data.seq_len"
             )
 
-    def input_term(self, seq_len: int) -> Tensor:
-        if seq_len > self.max_len:
+    def input_term(self, seq_len: int, start_pos: int = 0) -> Tensor:
+        end = start_pos + seq_len
+        if end > self.max_len:
             raise ValueError(
-                f"sequence of {seq_len} tokens is longer than the learned position table "
+                f"sequence of {end} tokens is longer than the learned position table "
                 f"(pe.max_len={self.max_len}); learned PE cannot extrapolate"
             )
-        return self.weight[:seq_len]
+        return self.weight[start_pos:end]
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_len
 
     @property
     def position_table(self) -> Tensor:
@@ -155,15 +173,16 @@ class RotaryPE(PositionalEncoding):
         _, cos, sin = self._cache
         return cos[:seq_len], sin[:seq_len]
 
-    def rotate(self, x: Tensor) -> Tensor:
-        """Rotate x (..., T, dh) pairwise by its position."""
-        cos, sin = (t.to(x.dtype) for t in self._cos_sin(x.shape[-2], x.device))  # q, k, v keep one dtype
+    def rotate(self, x: Tensor, start_pos: int = 0) -> Tensor:
+        """Rotate x (..., T, dh) pairwise by its position ``start_pos + t``."""
+        cos, sin = (t.to(x.dtype) for t in self._cos_sin(start_pos + x.shape[-2], x.device))  # q, k, v keep one dtype
+        cos, sin = cos[start_pos:], sin[start_pos:]
         x_even, x_odd = x[..., 0::2], x[..., 1::2]
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return rotated.flatten(-2)
 
-    def rotate_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return self.rotate(q), self.rotate(k)
+    def rotate_qk(self, q: Tensor, k: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor]:
+        return self.rotate(q, start_pos), self.rotate(k, start_pos)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -196,8 +215,8 @@ class ALiBiPE(PositionalEncoding):
         super().__init__(d_model, n_heads)
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
-    def score_bias(self, q_len: int, k_len: int) -> Tensor:
-        q_pos = torch.arange(q_len, device=self.slopes.device)[:, None]
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor:
+        q_pos = torch.arange(start_pos, start_pos + q_len, device=self.slopes.device)[:, None]
         k_pos = torch.arange(k_len, device=self.slopes.device)[None, :]
         distance = (q_pos - k_pos).abs().float()  # (Tq, Tk)
         return -self.slopes.float()[:, None, None] * distance  # (H, Tq, Tk), float32: attention casts it to its scores' dtype

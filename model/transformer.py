@@ -5,6 +5,9 @@ Each model receives *factories* for its parts (Hydra builds them as partials):
 ``attention(d_model, n_heads, pe)``. Each model also knows its own objective
 (``loss(block)`` on a (B, seq_len + 1) block of token ids), so it can be trained
 without Lightning.
+
+The decoder and the encoder-decoder take ``cache=KVCache()`` for incremental
+decoding (see model/sampling.py): each call then reads only the new tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import MultiHeadAttention, SDPAttention
+from model.attention import KVCache, MultiHeadAttention, SDPAttention
 from model.embedding import TokenEmbedding
 from model.positional import PositionalEncoding, SinusoidalPE
 
@@ -75,10 +78,12 @@ class Block(nn.Module):
             return x + self.dropout(fn(ln(x)))
         return ln(x + self.dropout(fn(x)))
 
-    def forward(self, x: Tensor, causal: bool = False, context: Tensor | None = None) -> Tensor:
-        x = self._sublayer(x, self.ln_attn, lambda h: self.attn(h, causal=causal))
+    def forward(
+        self, x: Tensor, causal: bool = False, context: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        x = self._sublayer(x, self.ln_attn, lambda h: self.attn(h, causal=causal, cache=cache))
         if self.cross_attn is not None:
-            x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, context=context))
+            x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, context=context, cache=cache))
         return self._sublayer(x, self.ln_mlp, self.mlp)
 
 
@@ -110,18 +115,22 @@ class Stack(nn.Module):
         )
         self.ln_final = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
 
-    def embed(self, idx: Tensor) -> Tensor:
-        """What the first block reads: scaled token embedding plus the PE input term."""
+    def embed(self, idx: Tensor, start_pos: int = 0) -> Tensor:
+        """What the first block reads: scaled token embedding plus the PE input term
+        of positions ``start_pos .. start_pos + T - 1``."""
         x = self.embedding(idx)  # (B, T, D)
-        position = self.pe.input_term(idx.shape[1])
+        position = self.pe.input_term(idx.shape[1], start_pos)
         if position is not None:
             x = x + position
         return self.dropout(x)
 
-    def forward(self, idx: Tensor, context: Tensor | None = None) -> Tensor:
-        x = self.embed(idx)
+    def forward(self, idx: Tensor, context: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """idx (B, T) -> hidden states (B, T, D); with ``cache``, idx follows the cached tokens."""
+        x = self.embed(idx, cache.length if cache is not None else 0)
         for block in self.blocks:
-            x = block(x, causal=self.causal, context=context)
+            x = block(x, causal=self.causal, context=context, cache=cache)
+        if cache is not None:
+            cache.length += idx.shape[1]
         return self.ln_final(x)
 
     def hidden_states(self, idx: Tensor, context: Tensor | None = None) -> list[Tensor]:
@@ -246,9 +255,12 @@ class DecoderLM(LanguageModel):
     def input_stack(self) -> Stack:
         return self.decoder
 
-    def forward(self, idx: Tensor) -> Tensor:
-        """idx (B, T) -> logits (B, T, vocab) for the next token at every position."""
-        return self.head(self.decoder(idx))
+    def forward(self, idx: Tensor, cache: KVCache | None = None) -> Tensor:
+        """idx (B, T) -> logits (B, T, vocab) for the next token at every position.
+
+        With ``cache`` (a ``KVCache``), idx holds only the tokens after those already cached.
+        """
+        return self.head(self.decoder(idx, cache=cache))
 
     def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         inputs, targets = block[:, :-1], block[:, 1:]
@@ -356,9 +368,17 @@ class EncoderDecoder(LanguageModel):
     def input_stack(self) -> Stack:
         return self.encoder
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """src (B, S), tgt (B, T) -> logits (B, T, vocab) for the token after each tgt token."""
-        return self.head(self.decoder(tgt, context=self.encoder(src)))
+    def forward(self, src: Tensor, tgt: Tensor, cache: KVCache | None = None) -> Tensor:
+        """src (B, S), tgt (B, T) -> logits (B, T, vocab) for the token after each tgt token.
+
+        With ``cache``, the encoder runs on the first call only (its output and the
+        cross-attention keys/values are kept) and tgt holds only the new decoder tokens.
+        """
+        if cache is None:
+            return self.head(self.decoder(tgt, context=self.encoder(src)))
+        if cache.context is None:
+            cache.context = self.encoder(src)
+        return self.head(self.decoder(tgt, context=cache.context, cache=cache))
 
     def source_len(self, seq_len: int) -> int:
         """How many of a block's seq_len input tokens the encoder reads (at least 1); the decoder reads the rest."""

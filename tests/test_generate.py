@@ -1,0 +1,236 @@
+"""Sampling: the KV cache gives the logits of a full forward pass, filters keep what they should,
+seeds fix the text, and generate.py / the end-of-training sample work from a real checkpoint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, SDPAttention
+from model.sampling import fill_masks, generate, next_token, top_k_filter, top_p_filter
+from tests.conftest import PE_TYPES, ROOT, tiny_train_config
+from tests.test_attention import build
+
+NEG_INF = float("-inf")
+
+
+def incremental_logits(model, idx: torch.Tensor, src: torch.Tensor | None) -> torch.Tensor:
+    """Logits of idx read through one KVCache: a 5-token prefill, 7 single tokens, then the rest as a chunk."""
+    cache = KVCache()
+    step = (lambda ids: model(ids, cache=cache)) if src is None else (lambda ids: model(src, ids, cache=cache))
+    pieces = [idx[:, :5], *(idx[:, t : t + 1] for t in range(5, 12)), idx[:, 12:]]
+    logits = torch.cat([step(piece) for piece in pieces], dim=1)
+    assert cache.length == idx.shape[1]
+    return logits
+
+
+@pytest.mark.parametrize("attention", [ExplicitAttention, SDPAttention])
+@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
+def test_cached_decoding_gives_the_logits_of_a_full_forward_pass(model_cls, pe, attention):
+    model = build(model_cls, pe, attention).eval()
+    idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
+    src = idx[:, :7] if model_cls is EncoderDecoder else None
+    with torch.no_grad():
+        full = model(idx) if src is None else model(src, idx)
+        cached = incremental_logits(model, idx, src)
+    assert (cached - full).abs().max().item() <= 1e-5
+
+
+def test_cached_decoding_past_the_initial_sinusoidal_table():
+    """The sinusoidal table grows on demand; a cached step past its initial size gets the right row."""
+    from model import SinusoidalPE
+
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=lambda **kw: SinusoidalPE(**kw, max_len=8)).eval()
+    idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cached = incremental_logits(model, idx, None)
+        model.decoder.pe.table = model.decoder.pe.table[:8]  # back to the initial size for the full pass
+        full = model(idx)
+    assert (cached - full).abs().max().item() <= 1e-5
+
+
+def test_cache_keeps_keys_already_rotated_and_encoder_output_once():
+    model = build(EncoderDecoder, "rope", SDPAttention).eval()
+    calls = []
+    model.encoder.register_forward_hook(lambda *_: calls.append(1))
+    cache = KVCache()
+    with torch.no_grad():
+        for t in range(4):
+            model(torch.ones(1, 3, dtype=torch.long), torch.full((1, 1), t), cache=cache)
+    assert len(calls) == 1  # the encoder ran on the first step only
+    k, v = cache.get(model.decoder.blocks[0].attn)
+    assert k.shape == v.shape == (1, 4, 4, 8)  # (B, H, tokens so far, d_head)
+    assert cache.get(model.decoder.blocks[0].cross_attn)[0].shape == (1, 4, 3, 8)  # the 3 source tokens
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
+def test_greedy_text_is_the_same_with_and_without_the_cache(model_cls, pe):
+    model = build(model_cls, pe, SDPAttention).eval()
+    prompt = torch.randint(50, (2, 6), generator=torch.Generator().manual_seed(2))
+    cached = generate(model, prompt, 30, temperature=0, use_cache=True)
+    uncached = generate(model, prompt, 30, temperature=0, use_cache=False)
+    assert cached.shape == (2, 36) and torch.equal(cached[:, :6], prompt)
+    assert torch.equal(cached, uncached)
+
+
+def test_the_same_seed_gives_the_same_sample_and_another_seed_another():
+    model = build(DecoderLM, "rope", SDPAttention).eval()
+    prompt = torch.zeros(3, 2, dtype=torch.long)
+
+    def sample(seed: int, use_cache: bool = True) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        return generate(model, prompt, 40, temperature=1.5, top_k=20, top_p=0.95, generator=g, use_cache=use_cache)
+
+    first = sample(0)
+    assert torch.equal(first, sample(0))
+    assert torch.equal(first, sample(0, use_cache=False))
+    assert not torch.equal(first, sample(1))
+    assert not torch.equal(first[0], first[1])  # the samples of one batch differ from each other
+
+
+def test_top_k_keeps_the_k_largest_logits():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0], [0.0, -1.0, 5.0, 5.0]])
+    assert top_k_filter(logits, 2).tolist() == [[NEG_INF, 4.0, 3.0, NEG_INF], [NEG_INF, NEG_INF, 5.0, 5.0]]
+    assert torch.equal(top_k_filter(logits, None), logits) and torch.equal(top_k_filter(logits, 10), logits)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.tensor([0.5, 0.05, 0.25, 0.2]).log()[None]  # probabilities 0.5, 0.05, 0.25, 0.2
+    # sorted 0.5, 0.25, 0.2, 0.05: 0.5 < 0.6, 0.5 + 0.25 >= 0.6 -> keep {0.5, 0.25}
+    assert torch.isfinite(top_p_filter(logits, 0.6))[0].tolist() == [True, False, True, False]
+    assert torch.isfinite(top_p_filter(logits, 0.9))[0].tolist() == [True, False, True, True]
+    assert torch.isfinite(top_p_filter(logits, 0.1))[0].tolist() == [True, False, False, False]  # the top token stays
+    assert torch.equal(top_p_filter(logits, 1.0), logits)
+
+
+def test_next_token_greedy_and_filtered_sampling():
+    logits = torch.tensor([[0.0, 3.0, 2.9, -1.0]])
+    assert next_token(logits, temperature=0).tolist() == [1]
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([next_token(logits, 1.0, top_k=2, generator=g) for _ in range(200)])
+    assert set(draws.flatten().tolist()) == {1, 2}  # only the two largest logits can be drawn
+    hot = torch.stack([next_token(logits, 100.0, generator=g) for _ in range(400)])
+    assert set(hot.flatten().tolist()) == {0, 1, 2, 3}  # a high temperature flattens the distribution
+
+
+def test_learned_table_length_limit_is_a_clear_error():
+    model = DecoderLM(vocab_size=20, d_model=16, n_heads=2, n_layers=1, pe=lambda **kw: __import__("model").LearnedPE(**kw, max_len=10))
+    with pytest.raises(ValueError, match=r"12 positions needed but the LearnedPE table has 10 \(pe.max_len\)"):
+        generate(model, torch.zeros(1, 4, dtype=torch.long), 9)
+    assert generate(model, torch.zeros(1, 4, dtype=torch.long), 7).shape == (1, 11)  # 10 positions read: fits
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_encoder_fills_only_the_blanks_with_its_best_guess(pe):
+    model = build(EncoderMLM, pe, SDPAttention).eval()
+    ids = torch.randint(2, 50, (2, 12), generator=torch.Generator().manual_seed(3))
+    ids[:, [3, 7]] = model.mask_token_id
+    filled = fill_masks(model, ids)
+    with torch.no_grad():
+        logits = model(ids)
+    logits[..., model.mask_token_id] = NEG_INF
+    keep = ids != model.mask_token_id
+    assert torch.equal(filled[keep], ids[keep])
+    assert torch.equal(filled[:, [3, 7]], logits[:, [3, 7]].argmax(-1))
+    assert not (filled == model.mask_token_id).any()
+
+
+# -- from a real checkpoint ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory, tiny_corpus, cache_dir):
+    """Tiny decoder (learned PE, so it has a length limit) and encoder runs of 5 steps, with what
+    the end-of-training sample callback logged for each."""
+    import logging
+
+    from training.pipeline import train
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            samples.append(record.getMessage())
+
+    sample_log, handler = logging.getLogger("training.sample"), Keep()
+    sample_log.addHandler(handler)
+    sample_log.setLevel(logging.INFO)
+    runs = {}
+    try:
+        for model, pe in (("decoder", "learned"), ("encoder", "rope")):
+            samples: list[str] = []
+            root = tmp_path_factory.mktemp(model)
+            overrides = [f"model={model}", f"pe={pe}", "trainer.max_steps=5", "callbacks=no_geometry"]
+            train(tiny_train_config(root, tiny_corpus, cache_dir, overrides))
+            runs[model], runs[f"{model}_samples"] = root / "run", samples
+    finally:
+        sample_log.removeHandler(handler)
+    return runs
+
+
+def generate_options(ckpt, **options) -> DictConfig:
+
+    cfg = OmegaConf.load(ROOT / "configs" / "generate.yaml")
+    del cfg["defaults"], cfg["hydra"]
+    cfg.merge_with({"ckpt_path": str(ckpt), "num_samples": 2, "max_new_tokens": 12, **options})
+    return cfg
+
+
+def test_generate_rebuilds_the_model_from_the_run_config(trained_runs):
+    from generate import run
+
+    ckpt = trained_runs["decoder"] / "checkpoints" / "last.ckpt"
+    texts = run(generate_options(ckpt, prompt="HAMLET:"))
+    assert len(texts) == 2 and all(t.startswith("HAMLET:") and len(t) > len("HAMLET:") for t in texts)
+    assert texts == run(generate_options(ckpt, prompt="HAMLET:"))
+    assert run(generate_options(ckpt, prompt="HAMLET:", temperature=0, use_cache=False)) == run(
+        generate_options(ckpt, prompt="HAMLET:", temperature=0)
+    )
+
+
+def test_generate_fills_in_the_blanks_with_an_encoder_checkpoint(trained_runs):
+    from generate import GenerateError, run
+
+    ckpt = trained_runs["encoder"] / "checkpoints" / "last.ckpt"
+    (text,) = run(generate_options(ckpt, prompt="To be, or not to <mask>, that is the <mask>", num_samples=1))
+    assert text.startswith("To be, or not to") and "<mask>" not in text and text.count(" ") >= 8
+    with pytest.raises(GenerateError, match="mark them with <mask>"):
+        run(generate_options(ckpt, prompt="no blanks here"))
+
+
+def test_the_default_run_ends_with_a_sample(trained_runs):
+    (decoder_sample,) = trained_runs["decoder_samples"]
+    header = "sample after 5 steps:\nROMEO:\n"
+    assert decoder_sample.startswith(header) and len(decoder_sample) > len(header) + 10
+    (encoder_sample,) = trained_runs["encoder_samples"]
+    assert "(blanks, true->filled: " in encoder_sample and encoder_sample.count("'->'") == 8  # 48 tokens, every 6th blank
+
+
+@pytest.mark.slow  # runs generate.py in a subprocess
+def test_cli_samples_and_reports_bad_input_in_one_line(trained_runs, tmp_path):
+    ckpt = trained_runs["decoder"] / "checkpoints" / "last.ckpt"
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "generate.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    args = [f"ckpt_path={ckpt}", "prompt=HAMLET: To be", "max_new_tokens=10", "num_samples=2", "seed=3"]
+    first = cli(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.count("--- sample") == 2 and "HAMLET: To be" in first.stdout
+    assert cli(*args).stdout == first.stdout
+    assert not list(tmp_path.iterdir())  # generation writes no output directory
+
+    for bad, message in [
+        (["ckpt_path=/nope/last.ckpt"], "error: ckpt_path=/nope/last.ckpt: no checkpoint file there"),
+        ([f"ckpt_path={ckpt}", "tempreature=0.5"], "error: unknown option 'tempreature'; valid: ["),
+        ([f"ckpt_path={ckpt}", "top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
+        ([f"ckpt_path={ckpt}", "max_new_tokens=600"], "positions needed but the LearnedPE table has"),
+    ]:
+        result = cli(*bad)
+        assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr
