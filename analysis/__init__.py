@@ -1,0 +1,1 @@
+"""The science as a library: measures, null distributions, probes and attention splits."""
