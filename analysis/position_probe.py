@@ -11,12 +11,14 @@ not "no information". This probe
     fitting sequences only (the other folds, each left out in turn: nested, so the reported
     R^2 is not selected on its own test rows);
   - reports the pooled out-of-fold R^2 = 1 - SSE / SST (SST around the overall mean)
-    next to a permutation null on the same features: each sequence's position labels are
-    shuffled by its own random permutation (fixed seed). That destroys the feature-position
-    link and keeps everything else: the features, each sequence's label set, and any
-    sequence-level structure. (One permutation shared by all sequences would not: the probe
-    could learn the relabelled map.) The whole procedure, alpha choice included, is rerun
-    on each permutation, so the null also absorbs the selection's optimism.
+    next to a null on the same features: each sequence's position labels are reassigned by
+    its own random cyclic shift (fixed seed; ``label_shuffles``). That destroys the
+    feature-position link and keeps everything else: the features, each sequence's label
+    set, any sequence-level structure, and the labels' smoothness along the sequence (so
+    the null sees the spurious fits that autocorrelated text features allow). One
+    relabelling shared by all sequences would not destroy the link: the probe could learn
+    the relabelled map. The whole procedure, alpha choice included, is rerun on each
+    relabelling, so the null also absorbs the selection's optimism.
 
 Every ridge fit needs only per-fold sums (n, sum x, sum x x^T, sum y, sum y^2, sum x y),
 so all folds, alphas and permutations come from one pass over the rows plus one (D, D)
@@ -108,10 +110,28 @@ def _cv_r2(sums: _FoldSums, alphas: np.ndarray) -> np.ndarray:
     return 1.0 - sse / np.maximum(sst, 1e-300)
 
 
-def within_sequence_permutations(B: int, T: int, n_permutations: int, seed: int = 0) -> np.ndarray:
-    """(n_permutations, B, T) index arrays: each row an independent random permutation of 0..T-1."""
+NULLS = ("shift", "permute")
+
+
+def label_shuffles(B: int, T: int, n_shuffles: int, kind: str = "shift", seed: int = 0) -> np.ndarray:
+    """(n_shuffles, B, T) index arrays: new position labels for each sequence, independently per sequence.
+
+    shift:   a random cyclic shift, t -> (t + s) mod T. Neighbouring rows keep neighbouring
+             labels, so a feature that drifts smoothly along a sequence (topic, style) is as
+             correlated with the null labels as with the real ones: text features are
+             autocorrelated, and a null that ignores that is too narrow.
+    permute: a random permutation of 0..T-1 (exchangeable rows). Measured on token embeddings
+             of real text (no position by construction) its spread is ~2/3 of the shift
+             null's, so its p-values are too small there; kept for i.i.d. features.
+    Both keep every sequence's label set and change the label map from sequence to sequence,
+    so no single linear map can follow it.
+    """
+    if kind not in NULLS:
+        raise ValueError(f"null={kind!r}; valid: {list(NULLS)}")
     rng = np.random.default_rng(seed)
-    return rng.permuted(np.broadcast_to(np.arange(T), (n_permutations, B, T)), axis=-1)
+    if kind == "shift":
+        return (np.arange(T) + rng.integers(0, T, size=(n_shuffles, B, 1))) % T
+    return rng.permuted(np.broadcast_to(np.arange(T), (n_shuffles, B, T)), axis=-1)
 
 
 def position_probe(
@@ -120,6 +140,7 @@ def position_probe(
     n_permutations: int = 100,
     seed: int = 0,
     alphas: tuple[float, ...] = ALPHAS,
+    null: str = "shift",
 ) -> dict[str, float]:
     """Cross-validated R^2 of ridge probes for position and log(1 + position), with a permutation null.
 
@@ -127,8 +148,9 @@ def position_probe(
     Returns, for target in (position, log_position):
       {target}_r2             pooled out-of-fold R^2, <= 1: 1 = read off perfectly, ~0 = not
                               linearly readable (slightly below 0 is the price of fitting)
-      {target}_r2_null_mean, _null_std, _z, _p   the same probe on within-sequence-shuffled
-                              labels (n_permutations, seeded by ``seed``, not the run seed);
+      {target}_r2_null_mean, _null_std, _z, _p   the same probe on labels reassigned within
+                              each sequence (label_shuffles: cyclic shifts by default;
+                              n_permutations, seeded by ``seed``, not the run seed);
                               p one-sided (greater), (k+1)/(n+1), range [1/(n+1), 1]
     n_splits outer folds of whole sequences (GroupKFold); alpha from ``alphas`` by the inner
     CV over the other n_splits - 1 folds (see _cv_r2); a single alpha = no inner choice.
@@ -142,7 +164,7 @@ def position_probe(
     H = (H - H.mean(axis=(0, 1))) / np.maximum(H.std(axis=(0, 1)), 1e-300)  # conditioning only: z-scoring is refitted per fold
     t = np.arange(T, dtype=np.float64)
     labels = np.stack([fn(t) for fn in TARGETS.values()], axis=-1)  # (T, n_targets)
-    perms = within_sequence_permutations(B, T, n_permutations, seed)  # (n_perm, B, T)
+    perms = label_shuffles(B, T, n_permutations, null, seed)  # (n_perm, B, T)
     # columns: target-major, [observed, perm_1 .. perm_n] for each target
     y = np.concatenate([labels[None].repeat(B, 0)[:, :, None, :], labels[perms.transpose(1, 2, 0)]], axis=2)  # (B, T, 1+n, n_targets)
     y = y.transpose(0, 1, 3, 2).reshape(B, T, -1)

@@ -9,7 +9,7 @@ from sklearn.model_selection import GroupKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from analysis.position_probe import position_probe, within_sequence_permutations
+from analysis.position_probe import label_shuffles, position_probe
 from model import DecoderLM, NoPE
 from model.positional import sinusoidal_table
 
@@ -85,12 +85,30 @@ def test_the_sinusoidal_table_reads_one():
     assert report["position_r2_null_mean"] < 0.02
 
 
-def test_permutations_shuffle_each_sequence_independently_and_reproducibly():
-    perms = within_sequence_permutations(B=6, T=10, n_permutations=4, seed=0)
+@pytest.mark.parametrize("kind", ["shift", "permute"])
+def test_label_shuffles_differ_per_sequence_keep_label_sets_and_reproduce(kind):
+    perms = label_shuffles(B=6, T=10, n_shuffles=4, kind=kind, seed=0)
     assert perms.shape == (4, 6, 10)
     assert (np.sort(perms, axis=-1) == np.arange(10)).all()  # each sequence keeps its label set
-    assert len({tuple(row) for row in perms.reshape(-1, 10)}) == 24  # no permutation shared between sequences
-    np.testing.assert_array_equal(perms, within_sequence_permutations(B=6, T=10, n_permutations=4, seed=0))
+    for shuffle in perms:  # not one relabelling shared by all sequences (the probe could learn it)
+        assert len({tuple(row) for row in shuffle}) >= 4
+    np.testing.assert_array_equal(perms, label_shuffles(B=6, T=10, n_shuffles=4, kind=kind, seed=0))
+    if kind == "shift":  # neighbours stay neighbours (mod T)
+        assert ((np.diff(perms, axis=-1) % 10) == 1).all()
+    with pytest.raises(ValueError, match="null='rotate'; valid"):
+        label_shuffles(2, 3, 1, kind="rotate")
+
+
+def test_the_shift_null_is_wider_than_the_permutation_null_on_autocorrelated_features():
+    """Features drifting smoothly along each sequence (no position in expectation): exchangeable
+    permutations understate the spread of R^2; cyclic shifts keep the drift-label correlation."""
+    B, T, D = 40, 32, 4
+    rng = np.random.default_rng(3)
+    H = np.cumsum(rng.normal(size=(B, T, D)), axis=1)  # random walks: autocorrelated, no trend shared across sequences
+    H -= H.mean(axis=1, keepdims=True)
+    shift, permute = position_probe(H, n_permutations=60, null="shift"), position_probe(H, n_permutations=60, null="permute")
+    assert shift["position_r2_null_std"] > 2 * permute["position_r2_null_std"]
+    assert shift["position_r2_p"] > 0.05  # no position by construction: the shift null does not call it
 
 
 def test_same_data_gives_the_same_report_whatever_the_global_seed():
