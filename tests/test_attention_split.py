@@ -126,3 +126,17 @@ def test_terms_sum_to_the_real_first_layer_scores(norm):
     assert mask is not None and mask.equal(torch.ones(10, 10, dtype=torch.bool).tril())
     assert (terms["pos_bias"].abs().amax(dim=(-2, -1)) > 1e-3).all()  # the bias route exists in a real layer
     torch.testing.assert_close(sum(shares[name] for name in TERMS), torch.ones(2, dtype=torch.float64))
+
+
+def test_agrees_with_the_older_four_term_split_and_refines_its_bias_term():
+    """The four word/position terms are unchanged; the old lumped "bias" is word_bias + pos_bias + bias_bias."""
+    from experiments.geometry import attention_terms
+
+    g = torch.Generator().manual_seed(7)
+    e, p = torch.randn(T, D, generator=g, dtype=torch.float64), torch.randn(T, D, generator=g, dtype=torch.float64)
+    W_q, W_k = torch.randn(D, D, generator=g, dtype=torch.float64), torch.randn(D, D, generator=g, dtype=torch.float64)
+    b_q, b_k = torch.randn(D, generator=g, dtype=torch.float64), torch.randn(D, generator=g, dtype=torch.float64)
+    new, old = attention_split(e, p, W_q, W_k, b_q, b_k, n_heads=2), attention_terms(e, p, W_q, W_k, b_q, b_k, n_heads=2)
+    for name in ("word_word", "pos_pos", "word_pos", "pos_word"):
+        torch.testing.assert_close(new[name], old[name])
+    torch.testing.assert_close(new["word_bias"] + new["pos_bias"] + new["bias_bias"], old["bias"])
