@@ -1,7 +1,7 @@
 """Train a Transformer from a Hydra config.
 
     python train.py                                  # decoder + sinusoidal PE on Shakespeare
-    python train.py model=encoder pe=rope attention=mha
+    python train.py model=encoder pe=rope attention=explicit
     python train.py -m pe=sinusoidal,learned,rope,alibi,none seed=0,1,2
 """
 

@@ -29,7 +29,7 @@ import math
 import torch
 from torch import Tensor
 
-from experiments.geometry import split_layernorm
+from analysis.geometry import split_layernorm
 
 TERMS = ("word_word", "pos_pos", "word_pos", "pos_word", "word_bias", "pos_bias", "bias_bias")
 POSITIONAL_TERMS = ("pos_pos", "word_pos", "pos_word", "pos_bias")
@@ -125,9 +125,12 @@ def first_layer_terms(model, idx: Tensor) -> tuple[dict[str, Tensor], Tensor | N
     """
     stack, block = model.input_stack, model.blocks[0]
     attn = block.attn
-    d = attn.n_heads * attn.d_head
-    W_q, W_k = _f64(attn.W_Q.T), _f64(attn.W_K.T)
-    b_q, b_k = _f64(attn.q.bias), _f64(attn.kv.bias[:d])
+
+    def packed(W: Tensor) -> Tensor:  # per-head (n_heads, D, d_head) -> (D, n_heads * d_head), as x @ W uses it
+        return _f64(W.transpose(0, 1).reshape(W.shape[1], -1))
+
+    W_q, W_k = packed(attn.W_Q), packed(attn.W_K)
+    b_q, b_k = _f64(attn.b_Q.reshape(-1)), _f64(attn.b_K.reshape(-1))
     T = idx.shape[1]
     p = _f64(stack.pe.input_term(T))
     per_sequence = []

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from experiments.geometry import _n_directions
+from analysis.geometry import _n_directions
 
 # The number of Haar draws used when the caller does not say. The null's mean and std
 # settle quickly (the std's relative Monte-Carlo error is ~1/sqrt(2 n): 7 % at 100 draws)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local text only: never ask a hub
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import offline  # noqa: F401  (local text only: never ask a hub)
+
+# isort: split
 
 import datasets  # noqa: E402
 import lightning as L  # noqa: E402

@@ -38,22 +38,50 @@ class MultiHeadAttention(nn.Module):
         self.pe = pe if pe is not None else PositionalEncoding(d_model, n_heads)
         self.dropout = dropout
 
-    # Plain names for analysis (nn.Linear computes x @ W.T, so these are (out, in)).
+    # Per-head weights by plain names, in TransformerLens shapes (views of the packed nn.Linear weights, which
+    # compute x @ weight.T): head h's query is x @ W_Q[h] + b_Q[h], and its output adds z_h @ W_O[h] (+ b_O once).
+    def _heads_in(self, weight: Tensor) -> Tensor:  # (n_heads * d_head, d_model) -> (n_heads, d_model, d_head)
+        return weight.view(self.n_heads, self.d_head, -1).transpose(1, 2)
+
     @property
     def W_Q(self) -> Tensor:
-        return self.q.weight
+        """(n_heads, d_model, d_head)"""
+        return self._heads_in(self.q.weight)
 
     @property
     def W_K(self) -> Tensor:
-        return self.kv.weight[: self.n_heads * self.d_head]
+        """(n_heads, d_model, d_head)"""
+        return self._heads_in(self.kv.weight[: self.n_heads * self.d_head])
 
     @property
     def W_V(self) -> Tensor:
-        return self.kv.weight[self.n_heads * self.d_head :]
+        """(n_heads, d_model, d_head)"""
+        return self._heads_in(self.kv.weight[self.n_heads * self.d_head :])
 
     @property
     def W_O(self) -> Tensor:
-        return self.o.weight
+        """(n_heads, d_head, d_model)"""
+        return self.o.weight.T.view(self.n_heads, self.d_head, -1)
+
+    @property
+    def b_Q(self) -> Tensor:
+        """(n_heads, d_head)"""
+        return self.q.bias.view(self.n_heads, self.d_head)
+
+    @property
+    def b_K(self) -> Tensor:
+        """(n_heads, d_head)"""
+        return self.kv.bias[: self.n_heads * self.d_head].view(self.n_heads, self.d_head)
+
+    @property
+    def b_V(self) -> Tensor:
+        """(n_heads, d_head)"""
+        return self.kv.bias[self.n_heads * self.d_head :].view(self.n_heads, self.d_head)
+
+    @property
+    def b_O(self) -> Tensor:
+        """(d_model,)"""
+        return self.o.bias
 
     def forward(self, x: Tensor, context: Tensor | None = None, causal: bool = False) -> Tensor:
         B, T, C = x.shape

@@ -28,6 +28,13 @@ class PositionalEncoding(nn.Module):
         self.d_model = d_model
         self.n_heads = n_heads
 
+    @classmethod
+    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, **settings) -> None:
+        """Raise ValueError (one line naming the config keys) if this encoding cannot work with these sizes.
+
+        ``settings`` are the encoding's own config keys (``max_len``, ``base``, ...); the base accepts anything.
+        """
+
     def input_term(self, seq_len: int) -> Tensor | None:
         return None
 
@@ -71,6 +78,11 @@ class SinusoidalPE(PositionalEncoding):
         super().__init__(d_model, n_heads)
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
+    @classmethod
+    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, **settings) -> None:
+        if d_model % 2:
+            raise ValueError(f"sinusoidal PE needs an even model.d_model (sin/cos pairs), got {d_model}")
+
     def input_term(self, seq_len: int) -> Tensor:
         if seq_len > self.table.shape[0]:
             self.table = sinusoidal_table(seq_len, self.d_model).to(self.table.device)
@@ -88,6 +100,14 @@ class LearnedPE(PositionalEncoding):
         super().__init__(d_model, n_heads)
         self.max_len = max_len
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+
+    @classmethod
+    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, max_len: int = 512, **settings) -> None:
+        if seq_len > max_len:
+            raise ValueError(
+                f"data.seq_len={seq_len} is longer than the learned position table (pe.max_len={max_len}); "
+                "raise pe.max_len or shorten data.seq_len"
+            )
 
     def input_term(self, seq_len: int) -> Tensor:
         if seq_len > self.max_len:
@@ -110,14 +130,18 @@ class RotaryPE(PositionalEncoding):
 
     def __init__(self, d_model: int, n_heads: int, base: float = 10000.0) -> None:
         super().__init__(d_model, n_heads)
+        self.check_settings(d_model, n_heads, seq_len=0)
         d_head = d_model // n_heads
-        if d_head % 2:
-            raise ValueError(
-                f"RoPE needs an even head dimension, got d_model/n_heads = {d_model}/{n_heads} = {d_head}"
-            )
         inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self._cache: tuple[int, Tensor, Tensor] | None = None
+
+    @classmethod
+    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, **settings) -> None:
+        if (d_model // n_heads) % 2:
+            raise ValueError(
+                f"RoPE needs an even head dimension, got model.d_model/model.n_heads = {d_model}/{n_heads} = {d_model // n_heads}"
+            )
 
     def _cos_sin(self, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
         if self._cache is None or self._cache[0] < seq_len or self._cache[1].device != device:

@@ -28,7 +28,7 @@ AttentionFactory = Callable[..., MultiHeadAttention]
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: the same map at every position (claim C6)."""
+    """Position-wise feed-forward: the same map at every position (it cannot see position by itself)."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
         super().__init__()
@@ -124,6 +124,17 @@ class Stack(nn.Module):
             x = block(x, causal=self.causal, context=context)
         return self.ln_final(x)
 
+    def hidden_states(self, idx: Tensor, context: Tensor | None = None) -> list[Tensor]:
+        """For analysis: the input of block 0, 1, ..., n_layers - 1, then the output (after the final norm).
+
+        n_layers + 1 tensors (B, T, D); the last one is what ``forward`` returns.
+        """
+        states = [self.embed(idx)]
+        for block in self.blocks:
+            states.append(block(states[-1], causal=self.causal, context=context))
+        states[-1] = self.ln_final(states[-1])
+        return states
+
 
 class LanguageModel(nn.Module):
     """Shared parts of the three layouts: weight init, output head, named weights."""
@@ -175,7 +186,30 @@ class LanguageModel(nn.Module):
         return self.input_stack.blocks
 
     def cross_entropy(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Mean cross-entropy over every target that is not IGNORE_INDEX."""
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+
+    def hidden_states(self, idx: Tensor) -> list[Tensor]:
+        """The input stack's block inputs then its output: n_layers + 1 tensors (B, T, D); see ``Stack.hidden_states``."""
+        return self.input_stack.hidden_states(idx)
+
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """The objective on a (B, seq_len + 1) block: logits (B, T', vocab) and targets (B, T') (IGNORE_INDEX: no target)."""
+        raise NotImplementedError
+
+    def loss(self, block: Tensor, reduction: str = "mean", generator: torch.Generator | None = None) -> Tensor:
+        """Cross-entropy of the objective on a (B, seq_len + 1) block of token ids.
+
+        reduction="mean": a scalar over every target; "none": per target (B, T') in float32, NaN where a
+        position has no target (an encoder's unmasked positions). ``generator`` draws an encoder's masks.
+        """
+        logits, targets = self.logits_and_targets(block, generator)
+        if reduction == "mean":
+            return self.cross_entropy(logits, targets)
+        if reduction != "none":
+            raise ValueError(f"reduction={reduction!r}; valid: ['mean', 'none']")
+        losses = F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=IGNORE_INDEX, reduction="none")
+        return losses.masked_fill(targets == IGNORE_INDEX, float("nan"))
 
 
 def _stack_args(d_model: int, n_heads: int, d_ff: int | None) -> tuple[int, int, int]:
@@ -216,9 +250,9 @@ class DecoderLM(LanguageModel):
         """idx (B, T) -> logits (B, T, vocab) for the next token at every position."""
         return self.head(self.decoder(idx))
 
-    def loss(self, block: Tensor) -> Tensor:
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         inputs, targets = block[:, :-1], block[:, 1:]
-        return self.cross_entropy(self(inputs), targets)
+        return self(inputs), targets
 
 
 def mask_tokens(
@@ -274,10 +308,10 @@ class EncoderMLM(LanguageModel):
     def forward(self, idx: Tensor) -> Tensor:
         return self.head(self.encoder(idx))
 
-    def loss(self, block: Tensor) -> Tensor:
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         tokens = block[:, :-1]  # the same seq_len tokens a decoder would read
-        inputs, targets = mask_tokens(tokens, self.mask_token_id, self.vocab_size, self.mask_prob)
-        return self.cross_entropy(self(inputs), targets)
+        inputs, targets = mask_tokens(tokens, self.mask_token_id, self.vocab_size, self.mask_prob, generator=generator)
+        return self(inputs), targets
 
 
 class EncoderDecoder(LanguageModel):
@@ -326,11 +360,15 @@ class EncoderDecoder(LanguageModel):
         """src (B, S), tgt (B, T) -> logits (B, T, vocab) for the token after each tgt token."""
         return self.head(self.decoder(tgt, context=self.encoder(src)))
 
+    def source_len(self, seq_len: int) -> int:
+        """How many of a block's seq_len input tokens the encoder reads (at least 1); the decoder reads the rest."""
+        return max(1, int(round(seq_len * self.src_fraction)))
+
     def split(self, block: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, L+1) block -> source, decoder input, decoder targets."""
-        src_len = max(1, int(round((block.shape[1] - 1) * self.src_fraction)))
+        src_len = self.source_len(block.shape[1] - 1)
         return block[:, :src_len], block[:, src_len:-1], block[:, src_len + 1 :]
 
-    def loss(self, block: Tensor) -> Tensor:
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         src, tgt_in, tgt_out = self.split(block)
-        return self.cross_entropy(self(src, tgt_in), tgt_out)
+        return self(src, tgt_in), tgt_out

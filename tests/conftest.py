@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+import offline  # noqa: F401  (nothing in the tests may reach a hub or W&B)
+
+# isort: split
 
 import pytest
 import torch
@@ -11,11 +14,6 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"

@@ -93,8 +93,9 @@ def test_weights_are_reachable_by_plain_names():
     model = build(DecoderLM, "learned", SDPAttention)
     assert model.W_E.shape == (50, 32) and model.W_pos.shape == (512, 32)
     assert model.head.weight is model.W_E  # tied by default
-    attn = model.blocks[1].attn
-    assert attn.W_Q.shape == attn.W_K.shape == attn.W_V.shape == attn.W_O.shape == (32, 32)
+    attn = model.blocks[1].attn  # d_model 32, 4 heads of 8
+    assert attn.W_Q.shape == attn.W_K.shape == attn.W_V.shape == (4, 32, 8) and attn.W_O.shape == (4, 8, 32)
+    assert attn.b_Q.shape == attn.b_K.shape == attn.b_V.shape == (4, 8) and attn.b_O.shape == (32,)
     assert build(DecoderLM, "rope", SDPAttention).W_pos is None
 
 
@@ -133,3 +134,52 @@ def test_encoder_decoder_split_and_loss_targets():
     src, tgt_in, tgt_out = model.split(block)
     assert src[0].tolist() == list(range(8))
     assert tgt_in[0].tolist() == list(range(8, 16)) and tgt_out[0].tolist() == list(range(9, 17))
+
+
+def test_per_head_weight_views_rebuild_the_attention_output():
+    """Head by head with W_Q/W_K/W_V/W_O and their biases, the explicit attention's output comes back exactly."""
+    torch.manual_seed(0)
+    model = build(DecoderLM, "sinusoidal", ExplicitAttention).eval()
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        q = torch.einsum("btd,hde->bhte", x, attn.W_Q) + attn.b_Q[:, None]
+        k = torch.einsum("btd,hde->bhte", x, attn.W_K) + attn.b_K[:, None]
+        v = torch.einsum("btd,hde->bhte", x, attn.W_V) + attn.b_V[:, None]
+        scores = (q @ k.transpose(-2, -1) / 8**0.5).masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(), float("-inf"))
+        z = scores.softmax(-1) @ v  # (B, H, T, d_head)
+        out = torch.einsum("bhte,hed->btd", z, attn.W_O) + attn.b_O
+        torch.testing.assert_close(out, attn(x, causal=True))
+
+
+@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM, EncoderDecoder])
+def test_per_token_losses_average_to_the_training_loss(model_cls):
+    model = build(model_cls, "rope", SDPAttention).eval()
+    block = torch.randint(2, 50, (3, 21))
+    with torch.no_grad():
+        per_token = model.loss(block, reduction="none", generator=torch.Generator().manual_seed(0))
+        mean = model.loss(block, generator=torch.Generator().manual_seed(0))
+    n_targets = 20 - model.source_len(20) if model_cls is EncoderDecoder else 20
+    assert per_token.shape == (3, n_targets)
+    assert per_token.isnan().any() == (model_cls is EncoderMLM)  # unmasked positions have no target
+    torch.testing.assert_close(per_token[~per_token.isnan()].mean(), mean)
+    with pytest.raises(ValueError, match="reduction='sum'; valid"):
+        model.loss(block, reduction="sum")
+
+
+def test_encoder_decoder_source_length_is_one_formula():
+    model = build(EncoderDecoder, "sinusoidal", SDPAttention, src_fraction=0.25)
+    src, tgt_in, tgt_out = model.split(torch.randint(50, (2, 17)))
+    assert src.shape[1] == model.source_len(16) == 4 and tgt_in.shape[1] == tgt_out.shape[1] == 12
+    assert model.source_len(1) == 1  # the encoder always reads at least one token
+
+
+def test_hidden_states_are_each_block_input_then_the_output():
+    model = build(EncoderMLM, "alibi", ExplicitAttention).eval()
+    idx = torch.randint(50, (2, 9))
+    with torch.no_grad():
+        states = model.hidden_states(idx)
+        assert len(states) == model.n_layers + 1
+        torch.testing.assert_close(states[0], model.encoder.embed(idx))
+        torch.testing.assert_close(states[1], model.blocks[0](states[0]))
+        torch.testing.assert_close(model.head(states[-1]), model(idx))

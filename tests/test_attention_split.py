@@ -130,7 +130,7 @@ def test_terms_sum_to_the_real_first_layer_scores(norm):
 
 def test_agrees_with_the_older_four_term_split_and_refines_its_bias_term():
     """The four word/position terms are unchanged; the old lumped "bias" is word_bias + pos_bias + bias_bias."""
-    from experiments.geometry import attention_terms
+    from analysis.geometry import attention_terms
 
     g = torch.Generator().manual_seed(7)
     e, p = torch.randn(T, D, generator=g, dtype=torch.float64), torch.randn(T, D, generator=g, dtype=torch.float64)

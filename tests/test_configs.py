@@ -36,9 +36,10 @@ def test_every_config_option_composes(group, option, tmp_path):
     "overrides,message",
     [
         (["model.d_model=100", "model.n_heads=3"], r"model.d_model=100 is not divisible by model.n_heads=3; valid n_heads: \[1, 2, 4, 5"),
-        (["pe=rope", "model.d_model=12", "model.n_heads=4"], r"pe=rope needs an even head dimension.*12/4 = 3"),
-        (["pe=sinusoidal", "model.d_model=33", "model.n_heads=3"], r"pe=sinusoidal needs an even model.d_model.*33"),
+        (["pe=rope", "model.d_model=12", "model.n_heads=4"], r"pe=rope: RoPE needs an even head dimension.*12/4 = 3"),
+        (["pe=sinusoidal", "model.d_model=33", "model.n_heads=3"], r"pe=sinusoidal: sinusoidal PE needs an even model.d_model.*33"),
         (["pe=learned", "data.seq_len=600"], r"data.seq_len=600 is longer than the learned position table \(pe.max_len=512\)"),
+        (["pe._target_=model.NoSuchPE"], r"pe._target_='model.NoSuchPE' cannot be imported"),
         (["data.vocab_size=100"], r"data.vocab_size=100 is too small for the bpe tokenizer: it needs at least 259"),
         (["data.tokenizer=wordpiece"], r"unknown tokenizer 'wordpiece'; valid: \['bpe', 'char'\]"),
         (["trainer.max_steps=0"], r"trainer.max_steps=0 must be a positive"),
@@ -77,3 +78,13 @@ def test_cli_bad_value_is_one_line_and_nothing_is_trained(tmp_path):
     assert "error: model.d_model=128 is not divisible by model.n_heads=3" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("old,new", [("embedding=learned", "embedding=plain"), ("attention=mha", "attention=explicit")])
+def test_renamed_options_still_work_and_name_the_new_one(old, new, tmp_path, caplog):
+    cfg_old = compose_train_config([old], output_dir=tmp_path)
+    with caplog.at_level("WARNING"):
+        check_config(cfg_old)
+    assert f"{old} is deprecated, use {new}" in caplog.text
+    group = old.split("=")[0]
+    assert cfg_old[group] == compose_train_config([new], output_dir=tmp_path)[group]  # the alias builds the same part

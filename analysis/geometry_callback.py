@@ -12,8 +12,11 @@ CSV and W&B curves line up across runs. Three families, each optional:
 - ``hidden``: position vs token structure of the hidden states at the input of each
   block and at the output, on a fixed probe batch of validation blocks. Works for
   every PE type (RoPE, ALiBi and none included).
-- ``attention``: first-layer score decomposition into word/position terms (claim C5)
-  for additive-PE models: per-head variance shares and the count of positional heads.
+- ``attention``: block 0 score decomposition into word/position terms for additive-PE
+  models: per-head variance shares and the count of positional heads.
+
+Metric names come from ``analysis.metric_names``; ``records`` keeps every logged dict by
+training step, so end-of-run code can read init and final geometry without a logger.
 
 It runs on global rank 0 only, under ``torch.no_grad`` with the RNG state saved and
 restored, and puts the model back in training mode, so it never changes training.
@@ -29,65 +32,14 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from torch import Tensor
 
-from experiments import geometry as geo
-from model.transformer import LanguageModel, Stack
+from analysis import geometry as geo
+from analysis import metric_names as names
+from analysis.probes import frequent_token_ids, model_first_layer_attention_split
+from model.transformer import LanguageModel
 
 log = logging.getLogger(__name__)
 MEASURES = ("input", "hidden", "attention")
-
-
-def frequent_token_ids(stream: np.ndarray, vocab_size: int, n: int, exclude: Sequence[int]) -> tuple[Tensor, Tensor]:
-    """The ``n`` most frequent token ids of a training stream (specials excluded), and their counts."""
-    counts = np.bincount(stream, minlength=vocab_size).astype(np.int64)
-    counts[list(exclude)] = 0
-    order = np.argsort(-counts, kind="stable")[:n]
-    order = order[counts[order] > 0]
-    return torch.from_numpy(order), torch.from_numpy(counts[order])
-
-
-def hidden_states(stack: Stack, idx: Tensor) -> list[Tensor]:
-    """Input of every block, then the stack's output: n_layers + 1 tensors (B, T, D)."""
-    x = stack.embed(idx)
-    states = []
-    for block in stack.blocks:
-        states.append(x)
-        x = block(x, causal=stack.causal)
-    states.append(stack.ln_final(x))
-    return states
-
-
-def first_layer_attention_shares(model: LanguageModel, idx: Tensor) -> dict[str, Tensor]:
-    """Per-head share of layer-0 score variance from word_word / pos_pos / word_pos / pos_word / bias.
-
-    x = s * e + p enters block 0. With pre-LN the attention reads LN(x): it is split
-    exactly into word, position and constant parts (``geometry.split_layernorm``: the
-    centring is linear, the 1/sigma of the sum is shared); the constant is folded into
-    the q/k biases. With post-LN the attention reads x directly. Shares are averaged
-    over the probe sequences; causal models only count the keys a query may see.
-    """
-    stack, block = model.input_stack, model.blocks[0]
-    attn = block.attn
-    d = attn.n_heads * attn.d_head
-    W_q, W_k = attn.W_Q.T.double(), attn.W_K.T.double()
-    b_q, b_k = attn.q.bias.double(), attn.kv.bias[:d].double()
-    T = idx.shape[1]
-    p = stack.pe.input_term(T).double()
-    mask = torch.ones(T, T, dtype=torch.bool).tril() if stack.causal else None
-    totals: dict[str, Tensor] = {}
-    for row in idx:
-        e = stack.embedding(row).double()
-        if block.norm == "pre":
-            ln = block.ln_attn
-            e, p_part, b_ln = geo.split_layernorm(e, p, ln.weight, ln.bias, ln.eps)
-            bq, bk = b_q + b_ln[0] @ W_q, b_k + b_ln[0] @ W_k
-        else:
-            p_part, bq, bk = p, b_q, b_k
-        shares = geo.attention_term_shares(geo.attention_terms(e, p_part, W_q, W_k, bq, bk, n_heads=attn.n_heads), mask)
-        for name, value in shares.items():
-            totals[name] = totals.get(name, 0) + value / len(idx)
-    return totals
 
 
 class GeometryCallback(L.Callback):
@@ -109,6 +61,7 @@ class GeometryCallback(L.Callback):
         self.every_n_steps, self.n_tokens, self.measures = every_n_steps, n_tokens, tuple(measures)
         self.probe_batch_size, self.fixed_k, self.threshold, self.seed = probe_batch_size, fixed_k, positional_head_threshold, seed
         self._last_step: int | None = None
+        self.records: dict[int, dict[str, float]] = {}  # training step -> the metrics logged at that step
 
     # -- what to measure on, chosen once -------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -157,6 +110,7 @@ class GeometryCallback(L.Callback):
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             metrics = self.measure(model)
         model.train(was_training)
+        self.records[step] = metrics
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 
@@ -169,16 +123,16 @@ class GeometryCallback(L.Callback):
             E = model.W_E[self.token_ids.to(device)].float().cpu()
             P = W_pos[: self.seq_len].float().cpu()
             report = geo.geometry_report(E, P, embed_scale=model.embed_scale, seed=self.seed)
-            metrics.update({f"geometry/{k}": v for k, v in report.items()})
+            metrics.update({names.input_metric(k): v for k, v in report.items()})
         probe = self.probe.to(device)
         if "hidden" in self.measures:
-            for i, H in enumerate(hidden_states(model.input_stack, probe)):
+            for i, H in enumerate(model.hidden_states(probe)):
                 report = geo.hidden_state_report(H.float().cpu(), self.probe, fixed_k=self.fixed_k, seed=self.seed)
-                metrics.update({f"geometry/hidden/layer{i}/{k}": v for k, v in report.items()})
+                metrics.update({names.hidden_metric(i, k): v for k, v in report.items()})
         if "attention" in self.measures and W_pos is not None:
-            shares = first_layer_attention_shares(model, probe[:4])
+            shares = model_first_layer_attention_split(model, probe[:4])
             for name, per_head in shares.items():
                 for h, value in enumerate(per_head.tolist()):
-                    metrics[f"geometry/attn/head{h}/{name}_share"] = value
-            metrics["geometry/attn/n_positional_heads"] = float((shares["pos_pos"] > self.threshold).sum())
+                    metrics[names.attention_share_metric(h, name)] = value
+            metrics[names.N_POSITIONAL_HEADS] = float((shares["pos_pos"] > self.threshold).sum())
         return metrics

@@ -1,7 +1,6 @@
 """Validation loss of a trained run on blocks longer than it was trained on (length extrapolation).
 
-    python experiments/extrapolation.py multirun/<date>/<time>/0_decoder-rope-s0   # writes length_extrapolation.json there
-    python experiments/extrapolation.py RUN [RUN ...] --multipliers 1 2 4 8 --max-batches 8
+The script: ``python experiments/extrapolation.py RUN [RUN ...]``.
 
 For each multiplier m the same validation tokens (the start of the validation stream) are
 cut into blocks of m x seq_len (+1) tokens, exactly as the datamodule cuts seq_len blocks,
@@ -18,29 +17,19 @@ gradient; those lengths get a number and ``untrained_positions: true``.
 
 from __future__ import annotations
 
-import os
-import sys
+import json
+import logging
+import math
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+import numpy as np
+import torch
+import yaml
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import math  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import yaml  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
-
-from model.transformer import IGNORE_INDEX, DecoderLM, EncoderDecoder, EncoderMLM, LanguageModel, mask_tokens  # noqa: E402
-from training.pipeline import build_model  # noqa: E402
+from model.transformer import EncoderDecoder, LanguageModel
+from training.build import build_datamodule
+from training.pipeline import build_model
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,14 +55,11 @@ def load_run_config(run_dir: Path) -> DictConfig:
     return cfg
 
 
-def build_datamodule(cfg: DictConfig):
-    """``instantiate(cfg.data)`` + prepare/setup, as training.pipeline.train does; cached per data config."""
+def cached_datamodule(cfg: DictConfig):
+    """``training.build.build_datamodule``, cached per data config (a sweep's runs share one)."""
     key = OmegaConf.to_yaml({k: v for k, v in cfg.data.items() if k not in ("seed", "batch_size", "num_workers")})
     if key not in _DATAMODULES:
-        datamodule = instantiate(cfg.data)
-        datamodule.prepare_data()
-        datamodule.setup("fit")
-        _DATAMODULES[key] = datamodule
+        _DATAMODULES[key] = build_datamodule(cfg)
     return _DATAMODULES[key]
 
 
@@ -81,7 +67,7 @@ def load_trained_model(run_dir: str | Path, checkpoint: str = "last.ckpt") -> tu
     """(config, datamodule, model in eval mode with the checkpoint's weights, global step)."""
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
-    datamodule = build_datamodule(cfg)
+    datamodule = cached_datamodule(cfg)
     info_path = run_dir / "run_info.json"
     if info_path.is_file():
         trained_vocab = json.loads(info_path.read_text()).get("vocab_size")
@@ -101,34 +87,19 @@ def load_trained_model(run_dir: str | Path, checkpoint: str = "last.ckpt") -> tu
 
 
 def token_losses(model: LanguageModel, blocks: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-target cross-entropy (B, T') and each target's position in its input sequence (T',).
+    """Per-target cross-entropy (B, T') (NaN where a position has no target) and each target's position (T',).
 
-    Decoder: next-token targets at positions 0..L-1. Encoder: masked-LM targets (BERT
-    80/10/10 masking drawn from ``generator``), other positions IGNORE_INDEX -> loss NaN.
-    Encoder-decoder: the decoder's targets, at decoder positions.
+    Decoder: next-token targets at positions 0..L-1. Encoder: masked-LM targets (masks drawn from
+    ``generator``). Encoder-decoder: the decoder's targets, at decoder positions.
     """
-    if isinstance(model, DecoderLM):
-        inputs, targets = blocks[:, :-1], blocks[:, 1:]
-        logits = model(inputs)
-    elif isinstance(model, EncoderMLM):
-        tokens = blocks[:, :-1]
-        inputs, targets = mask_tokens(tokens, model.mask_token_id, model.vocab_size, model.mask_prob, generator=generator)
-        logits = model(inputs)
-    elif isinstance(model, EncoderDecoder):
-        src, tgt_in, targets = model.split(blocks)
-        logits = model(src, tgt_in)
-    else:
-        raise TypeError(f"no length evaluation for {type(model).__name__}")
-    loss = F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=IGNORE_INDEX, reduction="none")
-    loss = loss.masked_fill(targets == IGNORE_INDEX, float("nan"))
-    return loss, torch.arange(targets.shape[1])
+    loss = model.loss(blocks, reduction="none", generator=generator)
+    return loss, torch.arange(loss.shape[1])
 
 
 def trained_positions(model: LanguageModel, seq_len: int) -> int:
     """How many target positions training used (decoder side of an encoder-decoder)."""
     if isinstance(model, EncoderDecoder):
-        src_len = max(1, int(round(seq_len * model.src_fraction)))
-        return seq_len - src_len
+        return seq_len - model.source_len(seq_len)
     return seq_len
 
 
@@ -141,7 +112,7 @@ def position_limit(model: LanguageModel) -> int | None:
 def _longest_input(model: LanguageModel, block_len: int) -> int:
     """The longest sequence one stack of the model reads from a block of block_len + 1 tokens."""
     if isinstance(model, EncoderDecoder):
-        src_len = max(1, int(round(block_len * model.src_fraction)))
+        src_len = model.source_len(block_len)
         return max(src_len, block_len - src_len)
     return block_len
 
@@ -251,23 +222,3 @@ def _choices(run_dir: Path) -> dict:
         return dict(hydra_cfg["hydra"]["runtime"]["choices"])
     except (KeyError, TypeError, yaml.YAMLError):
         return {}
-
-
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with config.yaml and checkpoints/last.ckpt)")
-    parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4], help="block lengths as multiples of seq_len")
-    parser.add_argument("--max-batches", type=int, default=8, help="validation tokens = max_batches x batch_size x seq_len")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    results = []
-    for run in args.runs:
-        r = evaluate_lengths(run, args.multipliers, args.max_batches)
-        cells = [f"{m}x={v['loss'] if v['loss'] == NA else format(v['loss'], '.4f')}" for m, v in r["lengths"].items()]
-        print(f"{run}: {r['model']}/{r['pe']} s{r['seed']} step {r['step']}: " + "  ".join(cells))
-        results.append(r)
-    return results
-
-
-if __name__ == "__main__":
-    main()

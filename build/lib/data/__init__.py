@@ -1,1 +1,0 @@
-"""Real text for the models: corpus, tokenizer, disk cache and LightningDataModule."""

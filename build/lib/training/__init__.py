@@ -1,1 +1,0 @@
-"""Glue between the plain-torch model and Lightning/Hydra: task, config checks, run pipeline."""
