@@ -6,8 +6,8 @@ import scipy.linalg
 import scipy.stats
 import torch
 
-from analysis import nulls
 from analysis import geometry as geo
+from analysis import nulls
 
 N_WORDS, N_POS, D = 30, 10, 12
 
@@ -128,3 +128,34 @@ def test_position_rows_inside_the_word_subspace_are_significant():
     assert report["var_share_P_in_E_k3_z"] > 5
     assert report["angle_mean_k3_deg"] == pytest.approx(0.0, abs=1e-6)
     assert nulls.rotation_null(E, P, n_draws=n, fixed_k=3) == report  # fixed seed: identical
+
+
+def test_geometry_callback_logs_nulls_probe_and_full_split_at_their_cadence():
+    from types import SimpleNamespace
+
+    from analysis import metric_names as names
+    from analysis.geometry_callback import GeometryCallback
+    from model import DecoderLM, LearnedPE
+
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, pe=LearnedPE)
+    callback = GeometryCallback(n_tokens=20, fixed_k=2, null_draws=10, position_probe_blocks=10, position_probe_permutations=3)
+    callback.token_ids, callback.seq_len = torch.arange(3, 23), 8
+    callback.probe, callback.position_blocks = torch.randint(40, (4, 8)), torch.randint(40, (10, 8))
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[])
+    for step, final in ((0, False), (3, False), (7, True)):
+        trainer.global_step = step
+        callback._record(trainer, SimpleNamespace(model=model), final=final)
+    first, middle, last = (callback.records[s] for s in (0, 3, 7))
+    for stat in ("", "_null_mean", "_null_std", "_z", "_p"):
+        assert names.input_metric(f"abs_cos_mean{stat}") in middle
+        assert names.input_metric(f"var_share_P_in_E_k2{stat}") in middle
+    assert names.parse("geometry/angle_mean_k2_deg_z").base == "geometry/angle_mean_k2_deg"
+    probe_key = names.hidden_metric(0, "log_position_r2_p")
+    assert probe_key in first and probe_key in last and probe_key not in middle  # first, last, every 500 steps
+    head = names.attention_share_metric(1, "positional")
+    assert head in middle and names.N_POSITIONAL_HEADS_ALL_TERMS in middle
+    shares = sum(middle[names.attention_share_metric(1, t)] for t in ("word_word", "word_bias", "bias_bias")) + middle[head]
+    assert shares == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="position_probe_blocks=3 must be >= 5"):
+        GeometryCallback(position_probe_blocks=3)
