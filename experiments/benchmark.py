@@ -238,6 +238,21 @@ def profile_breakdown(cfg, datamodule, steps: int = 3) -> list[tuple[str, float]
     return shares
 
 
+def cli_seconds(args: list[str], repeats: int = 5, env: dict[str, str] | None = None) -> float:
+    """Median wall time of ``python train.py <args>`` (``--help``, ``--cfg job``): the command line
+    must answer before torch/Lightning load (train.py imports them only after Hydra has parsed)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        command = [sys.executable, str(root / "train.py"), *args]
+        subprocess.run(command, cwd=root, capture_output=True, check=True, env={**os.environ, **(env or {})})
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
@@ -246,7 +261,14 @@ def main() -> None:
                         help="measurements per figure, project and baseline interleaved; the table shows medians "
                              "(one 2-core measurement varies by about +-10%%)")
     parser.add_argument("--quick", action="store_true", help="default config only, no compile, one round")
+    parser.add_argument("--cli", action="store_true", help="only time train.py --help / --cfg job / a tab completion")
     args = parser.parse_args()
+    if args.cli:
+        completion = {"COMP_LINE": "train.py pe=", "COMP_POINT": "12"}  # what bash passes on TAB after `pe=`
+        for label, cli_args, env in (("--help", ["--help"], None), ("--cfg job", ["--cfg", "job"], None),
+                                     ("TAB after pe=", ["-sc", "query=bash"], completion)):
+            print(f"python train.py {label:<16} {cli_seconds(cli_args, env=env):.2f} s (median of 5)")
+        return
     rounds = 1 if args.quick else args.rounds
     torch.set_float32_matmul_precision("high")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "

@@ -6,6 +6,7 @@ import inspect
 import json
 import logging
 import platform
+import shlex
 import subprocess
 import warnings
 from importlib import metadata
@@ -17,18 +18,33 @@ import offline  # noqa: F401  (sets the offline environment before lightning/wan
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
-from hydra.utils import get_class, instantiate  # noqa: E402
+from hydra.utils import get_class, instantiate, to_absolute_path  # noqa: E402
+from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
+from lightning.pytorch.utilities import rank_zero  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
+from training import wandb_run  # noqa: E402
 from training.callbacks import AtomicCheckpointIO  # noqa: E402
+from training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
+from training.run_config import RunConfigInCheckpoint, apply_resume_config, saved_run_config  # noqa: E402
+from training.summary import geometry_records, run_summary  # noqa: E402
 from training.task import LanguageModelTask  # noqa: E402
 from training.validate import ConfigError, check_config  # noqa: E402
 
 log = logging.getLogger(__name__)
 # Our datamodule restores the data position itself (see EpochShuffleSampler), so this warning is moot.
 warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
-warnings.filterwarnings("ignore", message=".*litlogger.*")
 warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a torch/lightning deprecation, not ours
+
+
+class _NoAdverts(logging.Filter):
+    """Lightning logs a "try installing litlogger" tip on every start; it says nothing about the run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in str(record.msg)
+
+
+rank_zero.rank_zero_module.log.addFilter(_NoAdverts())
 PACKAGES = ("torch", "lightning", "hydra-core", "datasets", "tokenizers", "wandb", "numpy")
 
 
@@ -57,6 +73,11 @@ def _instantiate_all(group: DictConfig | None, **extra) -> list:
 
 
 def resolve_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | None, Path, int | None]:
+    path, run_dir, step, _ = read_checkpoint(ckpt_path, output_dir)
+    return path, run_dir, step
+
+
+def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | None, Path, int | None, dict | None]:
     """Where to resume from, which run directory to continue, and at which step.
 
     ``ckpt_path=last`` means this run directory's ``checkpoints/last.ckpt``. A
@@ -65,8 +86,8 @@ def resolve_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | 
     so a truncated or foreign file is one clear error instead of a traceback mid-setup.
     """
     if ckpt_path is None:
-        return None, output_dir, None
-    path = output_dir / "checkpoints" / "last.ckpt" if str(ckpt_path) == "last" else Path(ckpt_path).expanduser()
+        return None, output_dir, None, None
+    path = output_dir / "checkpoints" / "last.ckpt" if str(ckpt_path) == "last" else Path(to_absolute_path(str(ckpt_path))).expanduser()
     if not path.is_file():
         raise ConfigError(f"ckpt_path={ckpt_path}: no checkpoint file at {path}")
     try:
@@ -76,7 +97,7 @@ def resolve_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | 
     except Exception as err:
         raise ConfigError(f"ckpt_path={path} is not a readable Lightning checkpoint ({type(err).__name__}: {err})") from None
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else output_dir
-    return path, run_dir, step
+    return path, run_dir, step, state
 
 
 def _git_commit() -> str | None:
@@ -88,10 +109,20 @@ def _git_commit() -> str | None:
         return None
 
 
-def write_run_info(cfg: DictConfig, output_dir: Path, datamodule, model: torch.nn.Module) -> None:
-    """Resolved config, package versions, git commit and data facts, saved beside the run."""
+def write_run_info(cfg: DictConfig, output_dir: Path, datamodule, model: torch.nn.Module, resume_step: int | None = None,
+                   resume_changes: dict[str, tuple] | None = None) -> None:
+    """Resolved config, package versions, git commit and data facts, saved beside the run.
+
+    A resumed segment writes ``config-resume-step<N>.yaml`` (with the settings it changed) and
+    ``run_info-resume-step<N>.json``, so the files of the first segment are never overwritten.
+    """
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    suffix = "" if resume_step is None else f"-resume-step{resume_step}"
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    if resume_step is not None:
+        changed = {k: {"checkpoint": old, "now": new} for k, (old, new) in (resume_changes or {}).items()}
+        text += "\n" + OmegaConf.to_yaml({"resume": {"step": resume_step, "changed": changed}})
+    (output_dir / f"config{suffix}.yaml").write_text(text)
     versions = {}
     for name in PACKAGES:
         try:
@@ -106,7 +137,7 @@ def write_run_info(cfg: DictConfig, output_dir: Path, datamodule, model: torch.n
         "tokens": {split: datamodule.n_tokens(split) for split in datamodule.streams},
         "n_parameters": sum(p.numel() for p in model.parameters()),
     }
-    (output_dir / "run_info.json").write_text(json.dumps(info, indent=2))
+    (output_dir / f"run_info{suffix}.json").write_text(json.dumps(info, indent=2))
 
 
 def check_writable(output_dir: Path) -> None:
@@ -119,14 +150,91 @@ def check_writable(output_dir: Path) -> None:
         raise ConfigError(f"paths.output_dir={output_dir} is not writable ({err.strerror})") from None
 
 
+def absolute_input_paths(cfg: DictConfig) -> None:
+    """Cache and input files resolve against the directory the user started in (Hydra's
+    ``runtime.cwd``), so ``hydra.job.chdir=true`` neither rebuilds the cache in the run folder nor
+    loses a relative text file; a missing file's error then names the absolute path tried."""
+    with open_dict(cfg):
+        for key in ("paths.cache_dir", "data.cache_dir"):
+            if OmegaConf.select(cfg, key) is not None:
+                OmegaConf.update(cfg, key, to_absolute_path(str(OmegaConf.select(cfg, key))))
+        corpus = cfg.data.get("corpus") or {}
+        for key in ("train_files", "val_files"):
+            if key in corpus and not OmegaConf.is_missing(corpus, key) and corpus[key] is not None:
+                corpus[key] = [to_absolute_path(str(f)) for f in corpus[key]]
+
+
+def _hydra_task_overrides() -> tuple[list[str], dict]:
+    """The command line's overrides and the group choices, when running under Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        hc = HydraConfig.get()
+    except ValueError:
+        return [], {}
+    return list(hc.overrides.task), dict(hc.runtime.choices)
+
+
+def build_loggers(cfg: DictConfig, run_config: dict, output_dir: Path, resume_step: int | None, wandb_id: str | None,
+                  choices: dict) -> list:
+    loggers = []
+    for node in (cfg.logger or {}).values():
+        if node is None or "_target_" not in node:
+            continue
+        cls = get_class(node._target_)
+        extra = {"resume_step": resume_step} if "resume_step" in inspect.signature(cls).parameters else {}
+        if issubclass(cls, wandb_run.WandbLoggerClass()):
+            extra = wandb_run.wandb_init_kwargs(run_config, output_dir, wandb_run.job_type(choices), wandb_id, resume_step, choices)
+            extra["tags"] = [*map(str, node.get("tags") or []), *(cfg[g]._target_.rsplit(".", 1)[-1] for g in ("model", "pe"))]
+            if node.get("group"):  # a study config that names its group keeps it
+                extra["group"] = str(node.group)
+        # partial first: `config` (W&B's run config, full of `_target_`s) must reach the logger as a plain dict
+        logger = instantiate(node, _partial_=True)(**extra)
+        if "job_type" in extra:
+            # WandbLogger always passes `anonymous` (None by default), which this wandb deprecates with a warning
+            logger._wandb_init.pop("anonymous", None)
+        loggers.append(logger)
+    for logger in loggers:
+        if not wandb_run.wandb_loggers([logger]):
+            logger.log_hyperparams(run_config)  # the CSV logger's hparams.yaml: the whole config, as W&B's
+    return loggers
+
+
+def build_callbacks(cfg: DictConfig, run_config: dict, has_logger: bool) -> list:
+    callbacks = _instantiate_all(cfg.callbacks)
+    if not has_logger:  # logger=none: the LR monitor would stop the run for want of somewhere to write
+        callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
+    if cfg.trainer.get("enable_model_summary", True):
+        callbacks.append(ParameterSummary())
+    return [*callbacks, RunConfigInCheckpoint(run_config), ValidateAtEnd()]
+
+
+def resume_command(cfg: DictConfig) -> str:
+    """The override that continues this run from its last checkpoint: ``ckpt_path=<run>/checkpoints/last.ckpt``."""
+    return shlex.quote(f"ckpt_path={Path(cfg.paths.output_dir) / 'checkpoints' / 'last.ckpt'}")
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Check the config, build data/model/trainer, fit; returns the final logged metrics."""
-    check_config(cfg)
-    ckpt_path, output_dir, resume_step = resolve_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir))
-    if output_dir != Path(cfg.paths.output_dir):
+    """Check the config, build data/model/trainer, fit; returns the final logged metrics.
+
+    On resume the checkpoint's config is checked and applied before anything is written.
+    """
+    overrides, choices = _hydra_task_overrides()
+    absolute_input_paths(cfg)
+    ckpt_path, output_dir, resume_step, state = read_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir))
+    resume_changes: dict[str, tuple] = {}
+    if ckpt_path is not None:
+        saved = saved_run_config(state, ckpt_path)
+        if saved is None:
+            log.warning("%s carries no run config: resuming with the config as given, unchecked", ckpt_path)
+        else:
+            resume_changes = apply_resume_config(cfg, saved, overrides, ckpt_path)
         log.info("resuming %s at step %d: continuing in %s", ckpt_path, resume_step, output_dir)
         with open_dict(cfg):
             cfg.paths.output_dir = str(output_dir)  # checkpoints and logs continue in the original run
+    wandb_id = (state or {}).get("wandb_run_id")
+    del state
+    check_config(cfg)
     check_writable(output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "highest"))
@@ -141,19 +249,38 @@ def train(cfg: DictConfig) -> dict[str, float]:
         model.compile()
     task = LanguageModelTask(model, max_steps=cfg.trainer.max_steps, **OmegaConf.to_container(cfg.optimizer, resolve=True))
 
-    loggers = _instantiate_all(cfg.logger, resume_step=resume_step)
-    trainer: L.Trainer = instantiate(
-        cfg.trainer, callbacks=_instantiate_all(cfg.callbacks), logger=loggers or False, plugins=[AtomicCheckpointIO()]
-    )
-    if trainer.is_global_zero:
-        write_run_info(cfg, output_dir, datamodule, model)
-    log.info(
-        "%s: %s + %s, %d parameters, vocab %d, %d training tokens",
-        cfg.run_name, type(model).__name__, cfg.pe._target_.rsplit(".", 1)[-1],
-        sum(p.numel() for p in model.parameters()), datamodule.vocab_size, datamodule.n_tokens("train"),
-    )
-    # Our own checkpoints carry RNG states (numpy arrays), which torch's weights_only loader refuses.
-    trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    log.info("finished: %s; outputs in %s", {k: round(v, 4) for k, v in metrics.items()}, output_dir)
+    run_config = OmegaConf.to_container(cfg, resolve=True)
+    loggers = build_loggers(cfg, run_config, output_dir, resume_step, wandb_id, choices)
+    exit_code = 1
+    try:
+        trainer: L.Trainer = instantiate(
+            cfg.trainer, callbacks=build_callbacks(cfg, run_config, bool(loggers)), logger=loggers or False,
+            plugins=[AtomicCheckpointIO()],
+            enable_model_summary=False,  # ParameterSummary (in build_callbacks) prints it when the config asks
+        )
+        if trainer.is_global_zero:
+            write_run_info(cfg, output_dir, datamodule, model, resume_step, resume_changes)
+        log.info(
+            "%s: %s + %s, %d parameters, vocab %d, %d training tokens",
+            cfg.run_name, type(model).__name__, cfg.pe._target_.rsplit(".", 1)[-1],
+            sum(p.numel() for p in model.parameters()), datamodule.vocab_size, datamodule.n_tokens("train"),
+        )
+        try:
+            # Our own checkpoints carry RNG states (numpy arrays), which torch's weights_only loader refuses.
+            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+        except SystemExit as stop:
+            if type(stop) is SystemExit and trainer.interrupted:
+                raise KeyboardInterrupt from None  # Lightning ends a Ctrl-C in sys.exit(1); say what it was
+            raise
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        records = geometry_records(trainer.callbacks)
+        if trainer.is_global_zero:
+            wandb_run.log_end_of_run(loggers, records)
+            # every segment of a resumed run is its own offline folder with the same run id: upload them all
+            wandb_dirs = [sorted(Path(lg.experiment.dir).parent.parent.glob(f"offline-run-*-{lg.version}"))
+                          for lg in wandb_run.wandb_loggers(loggers)]
+            log.info("%s", run_summary(metrics, records, output_dir, wandb_dirs, start_dir=Path(to_absolute_path("."))))
+        exit_code = 0
+    finally:
+        wandb_run.finish(loggers, exit_code)  # the next job of a sweep (same process) must get its own run
     return metrics
