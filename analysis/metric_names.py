@@ -12,7 +12,9 @@ Layout of a name (stable: committed results and W&B panels use them)::
                                                i = n_layers = the stack's output after the final norm
     geometry/attn/head<h>/<term>_share         block 0 attention, one value per head h (from 0)
     geometry/attn/n_positional_heads
-    <any of the above><companion>              a baseline beside the measure: _chance, _random, _shuffled
+    <any of the above><companion>              a baseline beside the measure: _chance, _random, _shuffled,
+                                               _null_mean (spectra-keeping or permutation null)
+    <any of the above><statistic>              the measure against its null: _null_std, _z, _p (not plotted as lines)
 """
 
 from __future__ import annotations
@@ -23,16 +25,21 @@ from dataclasses import dataclass
 PREFIX = "geometry"
 SECTIONS = ("input", "hidden", "attn")
 TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"
-N_POSITIONAL_HEADS = f"{PREFIX}/attn/n_positional_heads"
+N_POSITIONAL_HEADS = f"{PREFIX}/attn/n_positional_heads"  # position-position share > threshold (kept for old results)
+N_POSITIONAL_HEADS_ALL_TERMS = f"{PREFIX}/attn/n_positional_heads_all_terms"  # every position-dependent term counted
 
 # Baselines logged next to a measure X as X<suffix>: (plot line style, legend text).
 COMPANIONS = {
     "_chance": ("--", "chance"),
     "_random": (":", "Gaussian matrices, same shapes"),
     "_shuffled": ("-.", "positions shuffled across rows"),
+    "_null_mean": ((0, (3, 1, 1, 1)), "null mean (rotations / relabelled positions)"),
 }
+# The measure against its null (analysis.nulls.null_summary): parsed like companions, never drawn as lines.
+STATISTICS = ("_null_std", "_z", "_p")
 ATTENTION_TERMS = {"word_word": "word–word", "pos_pos": "position–position", "word_pos": "word–position",
-                   "pos_word": "position–word", "bias": "bias"}
+                   "pos_word": "position–word", "bias": "bias (all three bias terms)", "word_bias": "word–bias",
+                   "pos_bias": "position–bias", "bias_bias": "bias–bias", "positional": "every position-dependent"}
 
 # (pattern of the measure's last name component, title, y-axis label); {0} = the pattern's first group,
 # {term} = that group spelled out. The order is the order of the measures in the report.
@@ -55,12 +62,20 @@ MEASURES = [
     (r"norm_e_mean", "Mean norm of the word vectors (as the model scales them)", "L2 norm"),
     (r"norm_p_mean", "Mean norm of the position vectors", "L2 norm"),
     (r"norm_ratio_p_over_e", "Norm ratio position / word vector", "‖p‖ / ‖e‖"),
+    (r"var_share_P_in_E_k(\d+)", "Share of the position rows' variance inside the top-{0} word subspace",
+     "variance share (0–1)"),
+    (r"var_share_E_in_P_k(\d+)", "Share of the word rows' variance inside the top-{0} position subspace",
+     "variance share (0–1)"),
     (r"position_probe_r2", "Position read off the hidden states (ridge probe)", "held-out R²  (1 = exact position)"),
+    (r"position_r2", "Position read off the hidden states (grouped-CV ridge probe, 128 blocks)", "CV R²  (1 = exact position)"),
+    (r"log_position_r2", "log(1 + position) read off the hidden states (grouped-CV ridge probe)", "CV R²  (1 = exact)"),
     (r"position_var_share", "Share of hidden-state variance between positions", "variance share (0–1)"),
     (r"overlap_pos_tok_k(\d+)", "Overlap of per-position and per-token mean subspaces (top {0})", "overlap (0 = orthogonal, 1 = nested)"),
-    (r"(pos_pos|word_word|word_pos|pos_word|bias)_share", "Block 0 attention: score variance from the {term} term",
+    (r"(pos_pos|word_word|word_pos|pos_word|bias|word_bias|pos_bias|bias_bias|positional)_share",
+     "Block 0 attention: score variance from the {term} term",
      "share of score variance"),
     (r"n_positional_heads", "Block 0 positional heads (position–position share > 0.5)", "heads"),
+    (r"n_positional_heads_all_terms", "Block 0 positional heads (share of every position-dependent term > 0.5)", "heads"),
 ]
 # What each section's baselines mean, for the notes under the report's tables.
 BASELINE_NOTES = {
@@ -124,10 +139,13 @@ class MetricName:
 
 
 def parse(key: str) -> MetricName | None:
-    """Parse a logged name; None for anything that is not a geometry metric (losses, learning rate, ...)."""
+    """Parse a logged name; None for anything that is not a geometry metric (losses, learning rate, ...).
+
+    A STATISTICS suffix is returned as the companion too (it belongs to the measure's figure).
+    """
     if not key.startswith(f"{PREFIX}/"):
         return None
-    companion = next((c for c in COMPANIONS if key.endswith(c)), None)
+    companion = next((c for c in (*COMPANIONS, *STATISTICS) if key.endswith(c)), None)
     base = key[: len(key) - len(companion)] if companion else key
     m = _PANEL.match(base)
     if m is not None:
@@ -138,9 +156,9 @@ def parse(key: str) -> MetricName | None:
 
 
 def companion(key: str, suffix: str) -> str:
-    """The name of a measure's baseline, e.g. companion("geometry/abs_cos_mean", "_chance")."""
-    if suffix not in COMPANIONS:
-        raise ValueError(f"unknown companion {suffix!r}; valid: {list(COMPANIONS)}")
+    """The name of a measure's baseline or null statistic, e.g. companion("geometry/abs_cos_mean", "_p")."""
+    if suffix not in (*COMPANIONS, *STATISTICS):
+        raise ValueError(f"unknown companion {suffix!r}; valid: {[*COMPANIONS, *STATISTICS]}")
     return key + suffix
 
 

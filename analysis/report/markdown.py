@@ -279,7 +279,7 @@ def pretrained_hidden_section(data: ReportData) -> list[str]:
     if not p or not p.get("hidden_states"):
         return []
     layers = p["hidden_states"]
-    keys = [k for k in layers[0] if not k.endswith(tuple(names.COMPANIONS))]
+    keys = [k for k in layers[0] if not k.endswith((*names.COMPANIONS, *names.STATISTICS))]
     header = ["MiniLM block input"] + [h for k in keys for h in (k, f"{k} chance")]
     rows = [[str(i)] + [c for k in keys for c in (fmt(rep.get(k)), fmt(rep.get(f"{k}_chance")))] for i, rep in enumerate(layers)]
     return ["## Pretrained MiniLM: position in hidden states", "",

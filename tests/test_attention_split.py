@@ -1,0 +1,142 @@
+"""First-layer attention split: terms sum to the model's real scores; constructed heads with known answers."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from analysis.attention_split import (
+    POSITIONAL_TERMS,
+    TERMS,
+    attention_split,
+    first_layer_attention_split,
+    first_layer_terms,
+    positional_heads,
+    term_shares,
+)
+from model import DecoderLM, ExplicitAttention, LearnedPE
+
+D, T = 8, 6
+
+
+def halves(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Word parts in dims 0..3 and position parts in dims 4..7: no term mixes them by accident."""
+    g = torch.Generator().manual_seed(seed)
+    e, p = torch.zeros(T, D, dtype=torch.float64), torch.zeros(T, D, dtype=torch.float64)
+    e[:, :4] = torch.randn(T, 4, generator=g, dtype=torch.float64)
+    p[:, 4:] = torch.randn(T, 4, generator=g, dtype=torch.float64)
+    return e, p
+
+
+def test_key_position_bias_head_is_fully_positional():
+    """q = b_Q only, k reads only the position dims: the score is b_Q . p_j W_K, all position."""
+    e, p = halves()
+    W_q = torch.zeros(D, D, dtype=torch.float64)
+    W_k = torch.zeros(D, D, dtype=torch.float64)
+    W_k[4:] = torch.randn(4, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    b_q = torch.ones(D, dtype=torch.float64)
+    terms = attention_split(e, p, W_q, W_k, b_q, None, n_heads=2)
+    for name in TERMS:
+        if name != "pos_bias":
+            assert terms[name].abs().max() == 0.0, name
+    shares = term_shares(terms)
+    torch.testing.assert_close(shares["pos_bias"], torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(shares["positional"], torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(shares["pos_pos"], torch.zeros(2, dtype=torch.float64))  # what a pos_pos-only count sees
+    assert positional_heads(shares) == [0, 1]
+
+
+def test_word_only_head_has_no_positional_share():
+    e, p = halves(2)
+    g = torch.Generator().manual_seed(3)
+    W_q, W_k = torch.zeros(D, D, dtype=torch.float64), torch.zeros(D, D, dtype=torch.float64)
+    W_q[:4], W_k[:4] = torch.randn(4, D, generator=g, dtype=torch.float64), torch.randn(4, D, generator=g, dtype=torch.float64)
+    shares = term_shares(attention_split(e, p, W_q, W_k, n_heads=2))
+    torch.testing.assert_close(shares["word_word"], torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(shares["positional"], torch.zeros(2, dtype=torch.float64))
+    assert positional_heads(shares) == []
+
+
+def test_query_side_bias_terms_cancel_along_keys():
+    """e_i W_Q . b_K is constant along a query's row: it changes scores but no softmax, so its share is 0."""
+    e, p = halves(4)
+    W_q = torch.zeros(D, D, dtype=torch.float64)
+    W_q[:4] = torch.randn(4, D, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    W_k = torch.zeros(D, D, dtype=torch.float64)
+    W_k[4:] = torch.eye(4, D, dtype=torch.float64)  # keys read position: word_pos is the only varying term
+    b_k = torch.ones(D, dtype=torch.float64)
+    terms = attention_split(e, p, W_q, W_k, None, b_k, n_heads=1)
+    shares = term_shares(terms)
+    assert terms["word_bias"].abs().max() > 0.1
+    assert shares["word_bias"].abs().max() < 1e-12
+    torch.testing.assert_close(shares["word_pos"], torch.ones(1, dtype=torch.float64))
+
+
+def numpy_shares(S_terms: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    """Independent reference: covariance with the total score along visible keys, row by row."""
+    S = sum(S_terms.values())
+    out = {}
+    for name, t in S_terms.items():
+        cov, var = np.zeros(S.shape[0]), np.zeros(S.shape[0])
+        for h in range(S.shape[0]):
+            for i in range(S.shape[1]):
+                keys = mask[i]
+                s_row, t_row = S[h, i, keys], t[h, i, keys]
+                cov[h] += np.sum((t_row - t_row.mean()) * (s_row - s_row.mean()))
+                var[h] += np.sum((s_row - s_row.mean()) ** 2)
+        out[name] = cov / var
+    return out
+
+
+def test_shares_match_a_numpy_loop_and_sum_to_one():
+    g = torch.Generator().manual_seed(6)
+    e, p = torch.randn(T, D, generator=g, dtype=torch.float64), torch.randn(T, D, generator=g, dtype=torch.float64)
+    W_q, W_k = torch.randn(D, D, generator=g, dtype=torch.float64), torch.randn(D, D, generator=g, dtype=torch.float64)
+    b_q, b_k = torch.randn(D, generator=g, dtype=torch.float64), torch.randn(D, generator=g, dtype=torch.float64)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    terms = attention_split(e, p, W_q, W_k, b_q, b_k, n_heads=2)
+    shares = term_shares(terms, mask)
+    ref = numpy_shares({k: v.numpy() for k, v in terms.items()}, mask.numpy())
+    for name in TERMS:
+        np.testing.assert_allclose(shares[name].numpy(), ref[name], atol=1e-10)
+    np.testing.assert_allclose(sum(shares[name] for name in TERMS).numpy(), 1.0, atol=1e-12)
+    np.testing.assert_allclose(shares["positional"].numpy(), sum(ref[n] for n in POSITIONAL_TERMS), atol=1e-10)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_terms_sum_to_the_real_first_layer_scores(norm):
+    """Brute force: the model's own LayerNorm and q/kv projections give the scores the terms must add up to."""
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, norm=norm, pe=LearnedPE, attention=ExplicitAttention).eval()
+    with torch.no_grad():  # non-zero biases and LN affine parameters, so every bias term is exercised
+        block = model.blocks[0]
+        for param in (block.attn.q.bias, block.attn.kv.bias, block.ln_attn.weight, block.ln_attn.bias):
+            param.copy_(torch.randn_like(param) * 0.5 + (1.0 if param is block.ln_attn.weight else 0.0))
+        idx = torch.randint(40, (3, 10))
+        terms, mask = first_layer_terms(model, idx)
+        x = model.input_stack.embed(idx)
+        h = block.ln_attn(x) if norm == "pre" else x
+        attn = block.attn
+        q = attn.q(h).view(3, 10, 2, 8).transpose(1, 2)
+        k = attn.kv(h).view(3, 10, 2, 2, 8).unbind(2)[0].transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).double()
+        shares = first_layer_attention_split(model, idx)
+    torch.testing.assert_close(sum(terms.values()), scores, atol=1e-5, rtol=1e-5)
+    assert mask is not None and mask.equal(torch.ones(10, 10, dtype=torch.bool).tril())
+    assert (terms["pos_bias"].abs().amax(dim=(-2, -1)) > 1e-3).all()  # the bias route exists in a real layer
+    torch.testing.assert_close(sum(shares[name] for name in TERMS), torch.ones(2, dtype=torch.float64))
+
+
+def test_agrees_with_the_older_four_term_split_and_refines_its_bias_term():
+    """The four word/position terms are unchanged; the old lumped "bias" is word_bias + pos_bias + bias_bias."""
+    from analysis.geometry import attention_terms
+
+    g = torch.Generator().manual_seed(7)
+    e, p = torch.randn(T, D, generator=g, dtype=torch.float64), torch.randn(T, D, generator=g, dtype=torch.float64)
+    W_q, W_k = torch.randn(D, D, generator=g, dtype=torch.float64), torch.randn(D, D, generator=g, dtype=torch.float64)
+    b_q, b_k = torch.randn(D, generator=g, dtype=torch.float64), torch.randn(D, generator=g, dtype=torch.float64)
+    new, old = attention_split(e, p, W_q, W_k, b_q, b_k, n_heads=2), attention_terms(e, p, W_q, W_k, b_q, b_k, n_heads=2)
+    for name in ("word_word", "pos_pos", "word_pos", "pos_word"):
+        torch.testing.assert_close(new[name], old[name])
+    torch.testing.assert_close(new["word_bias"] + new["pos_bias"] + new["bias_bias"], old["bias"])
