@@ -1,7 +1,8 @@
 """Read training runs and sweeps: a run = a folder with ``config.yaml`` and ``csv/metrics.csv``.
 
 ``find_runs`` reads every run below a folder, ``group_runs`` groups them by (model, PE type)
-(runs with scaled embeddings form their own group), and ``measure_summary`` gives a measure's
+(runs with scaled embeddings, and each control arm of ``ARM_SWITCHES``, form their own group),
+and ``measure_summary`` gives a measure's
 value at initialisation and at the end, mean and spread over seeds, with its baselines.
 """
 
@@ -26,6 +27,27 @@ PE_ORDER = ["sinusoidal", "learned", "rope", "alibi", "none"]
 PE_COLORS = {"sinusoidal": "#1f77b4", "learned": "#ff7f0e", "rope": "#2ca02c", "alibi": "#d62728", "none": "#6f6f6f"}
 EXTRA_COLORS = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 MODEL_STYLES = ["-", "--", ":", "-."]
+# Config switches that change the geometry under study: (config path, default, label). A run whose value
+# differs from the default carries the label in its group name, so the report never pools two arms.
+# Read from the resolved config (not Hydra's control=... choice), so a switch set by hand groups the same way.
+ARM_SWITCHES = [
+    (("embedding", "scaled"), False, "scaled emb"),
+    (("embedding", "tie_weights"), True, "untied head"),
+    (("optimizer", "no_decay_embeddings"), False, "no decay on E,P"),
+    (("pe", "init"), "normal", "mixed init"),
+    (("pe", "scale"), "none", "word-norm table"),
+    (("pe", "center"), False, "centred table"),
+]
+
+
+def arm_labels(config: dict) -> list[str]:
+    """Labels of the ARM_SWITCHES a run's resolved config sets away from their defaults (absent = default)."""
+    labels = []
+    for (section, key), default, label in ARM_SWITCHES:
+        value = (config.get(section) or {}).get(key, default)
+        if value != default:
+            labels.append(label + (f" k={config['pe'].get('init_k')}" if key == "init" else ""))
+    return labels
 
 @dataclass
 class Run:
@@ -105,8 +127,7 @@ def load_run(run_dir: Path) -> Run:
         except (KeyError, TypeError, yaml.YAMLError):
             choices = {}
     pe = _choice(config, choices, "pe")
-    if (config.get("embedding") or {}).get("scaled"):
-        pe += " + scaled emb"  # x sqrt(d_model) embeddings change the geometry: never pool them with plain ones
+    pe = " + ".join([pe, *arm_labels(config)])  # e.g. "learned + untied head": never pooled with plain learned runs
     run = Run(run_dir, _choice(config, choices, "model"), pe, int(config.get("seed", 0)),
               config, read_metrics(run_dir / "csv" / "metrics.csv"))
     extrapolation = run_dir / EXTRAPOLATION_FILE

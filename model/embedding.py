@@ -6,6 +6,8 @@ import math
 
 from torch import Tensor, nn
 
+INIT_STD = 0.02  # std of every weight matrix's normal init (GPT-2); LanguageModel applies it to E
+
 
 class TokenEmbedding(nn.Module):
     """nn.Embedding, optionally multiplied by sqrt(d_model) before position is added.

@@ -17,6 +17,9 @@ distances from the new queries to all cached keys (which start at position 0).
 
 ``position_table`` exposes the absolute table when there is one (for analysis);
 ``max_positions`` is the longest sequence the encoding can place (None = no limit).
+``finish_init(embedding)`` is called once by the model after its own weight init,
+with the final word embedding: an encoding whose table depends on the embedding
+(a table inside its principal subspace, a table at the word norm) sets it there.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ import math
 
 import torch
 from torch import Tensor, nn
+
+from model.embedding import INIT_STD, TokenEmbedding
+
+SINUSOIDAL_SCALES = ("none", "word_norm")
+LEARNED_INITS = ("normal", "mixed")
 
 
 class PositionalEncoding(nn.Module):
@@ -41,6 +49,9 @@ class PositionalEncoding(nn.Module):
 
         ``settings`` are the encoding's own config keys (``max_len``, ``base``, ...); the base accepts anything.
         """
+
+    def finish_init(self, embedding: TokenEmbedding) -> None:
+        """Called once after the model's weight init (E is final, tied or not); the default does nothing."""
 
     def input_term(self, seq_len: int, start_pos: int = 0) -> Tensor | None:
         return None
@@ -84,21 +95,47 @@ class SinusoidalPE(PositionalEncoding):
 
     The table is a non-persistent buffer (it is a formula, not a weight) that
     grows when a longer sequence arrives, so evaluation past ``max_len`` works.
+
+    Two controls change the table (the defaults leave the formula as it is):
+    ``center=True`` subtracts the mean row of the first ``max_len`` rows (a shared
+    offset every position adds, which word vectors could also carry);
+    ``scale="word_norm"`` multiplies the (centred) table so the mean norm of those rows
+    equals the word embedding's expected row norm at init, ``INIT_STD * sqrt(d_model)
+    * embedding scale`` (raw rows have norm sqrt(d_model / 2), ~35x a plain embedding row
+    at d_model 64). Both are fixed once at init, so rows added later get the same shift and factor.
     """
 
-    def __init__(self, d_model: int, n_heads: int, max_len: int = 512) -> None:
+    def __init__(self, d_model: int, n_heads: int, max_len: int = 512, scale: str = "none", center: bool = False) -> None:
         super().__init__(d_model, n_heads)
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        self.check_settings(d_model, n_heads, seq_len=0, scale=scale)
+        self.scale, self.center = scale, center
+        raw = sinusoidal_table(max_len, d_model)
+        self.register_buffer("offset", raw.mean(0) if center else torch.zeros(d_model), persistent=False)  # (D,)
+        self.factor = 1.0  # set by finish_init when scale="word_norm" (it needs the embedding's scale)
+        self.register_buffer("table", raw - self.offset, persistent=False)
 
     @classmethod
-    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, **settings) -> None:
+    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, scale: str = "none", **settings) -> None:
         if d_model % 2:
             raise ValueError(f"sinusoidal PE needs an even model.d_model (sin/cos pairs), got {d_model}")
+        if scale not in SINUSOIDAL_SCALES:
+            raise ValueError(f"pe.scale={scale!r}; valid: {list(SINUSOIDAL_SCALES)}")
+
+    def finish_init(self, embedding: TokenEmbedding) -> None:
+        if self.scale == "word_norm":
+            target = INIT_STD * math.sqrt(self.d_model) * embedding.scale
+            self.factor = target / self._make_table(self.table.shape[0], factor=1.0).norm(dim=-1).mean().item()
+            self.table = self._make_table(self.table.shape[0])
+
+    def _make_table(self, n_positions: int, factor: float | None = None) -> Tensor:
+        """(n_positions, D): the formula, minus the fixed offset, times the fixed factor (both no-ops by default)."""
+        table = sinusoidal_table(n_positions, self.d_model).to(self.offset.device) - self.offset
+        return table * (self.factor if factor is None else factor)
 
     def input_term(self, seq_len: int, start_pos: int = 0) -> Tensor:
         end = start_pos + seq_len
         if end > self.table.shape[0]:
-            self.table = sinusoidal_table(end, self.d_model).to(self.table.device)
+            self.table = self._make_table(end)
         return self.table[start_pos:end]
 
     @property
@@ -107,15 +144,39 @@ class SinusoidalPE(PositionalEncoding):
 
 
 class LearnedPE(PositionalEncoding):
-    """A trained table of ``max_len`` absolute position vectors (BERT, GPT-2)."""
+    """A trained table of ``max_len`` absolute position vectors (BERT, GPT-2).
 
-    def __init__(self, d_model: int, n_heads: int, max_len: int = 512) -> None:
+    ``init="normal"``: N(0, INIT_STD^2) entries. ``init="mixed"``: the table starts inside the
+    word embedding's top-``init_k`` principal subspace, P = C @ V_k * INIT_STD * sqrt(d_model / init_k)
+    with C (max_len, k) standard normal and V_k (k, D) the top-k right singular vectors of the
+    centred rows of E. Each row then has the normal init's expected squared norm INIT_STD^2 * d_model,
+    but no component outside E's top-k directions: a control for whether training separates P from E.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, max_len: int = 512, init: str = "normal", init_k: int = 8) -> None:
         super().__init__(d_model, n_heads)
-        self.max_len = max_len
-        self.weight = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+        self.check_settings(d_model, n_heads, seq_len=0, max_len=max_len, init=init, init_k=init_k)
+        self.max_len, self.init, self.init_k = max_len, init, init_k
+        self.weight = nn.Parameter(torch.randn(max_len, d_model) * INIT_STD)
+
+    @torch.no_grad()
+    def finish_init(self, embedding: TokenEmbedding) -> None:
+        if self.init != "mixed":
+            return
+        E = embedding.weight.detach().double()
+        _, _, Vh = torch.linalg.svd(E - E.mean(0), full_matrices=False)
+        coefficients = torch.randn(self.max_len, self.init_k, dtype=torch.float64, device=E.device)
+        mixed = coefficients @ Vh[: self.init_k] * (INIT_STD * math.sqrt(self.d_model / self.init_k))
+        self.weight.copy_(mixed.to(self.weight.dtype))
 
     @classmethod
-    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, max_len: int = 512, **settings) -> None:
+    def check_settings(
+        cls, d_model: int, n_heads: int, seq_len: int, max_len: int = 512, init: str = "normal", init_k: int = 8, **settings
+    ) -> None:
+        if init not in LEARNED_INITS:
+            raise ValueError(f"pe.init={init!r}; valid: {list(LEARNED_INITS)}")
+        if not 1 <= init_k <= d_model:
+            raise ValueError(f"pe.init_k={init_k} must be between 1 and model.d_model={d_model}")
         if seq_len > max_len:
             raise ValueError(
                 f"data.seq_len={seq_len} is longer than the learned position table (pe.max_len={max_len}); "

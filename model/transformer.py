@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import KVCache, MultiHeadAttention, SDPAttention
-from model.embedding import TokenEmbedding
+from model.embedding import INIT_STD, TokenEmbedding
 from model.positional import PositionalEncoding, SinusoidalPE
 
 IGNORE_INDEX = -100  # targets with this id do not count in the loss
@@ -160,14 +160,17 @@ class LanguageModel(nn.Module):
         self.apply(self._init_weights)
         for name, param in self.named_parameters():  # GPT-2: shrink residual projections with depth
             if name.endswith(("o.weight", "down.weight")):
-                nn.init.normal_(param, std=0.02 / math.sqrt(2 * self.n_layers))
+                nn.init.normal_(param, std=INIT_STD / math.sqrt(2 * self.n_layers))
         if self._tie:
             self.head.weight = self.W_E
+        for stack in self.modules():  # last: an encoding may start from the final E (see PositionalEncoding.finish_init)
+            if isinstance(stack, Stack):
+                stack.pe.finish_init(stack.embedding)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+            nn.init.normal_(module.weight, std=INIT_STD)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 

@@ -22,6 +22,15 @@ from tests.conftest import PE_TYPES, ROOT, compose_train_config
 from training.validate import check_config
 
 STUDIES = ["orthogonality", "orthogonality_encoder"]
+# control study -> (PE type, arms its sweep runs, what each arm sets in the resolved config)
+CONTROL_STUDIES = {
+    "controls_learned": ("learned", {
+        "baseline": {}, "untied_head": {"embedding.tie_weights": False}, "no_decay": {"optimizer.no_decay_embeddings": True},
+        "untied_no_decay": {"embedding.tie_weights": False, "optimizer.no_decay_embeddings": True}, "mixed_init": {"pe.init": "mixed"},
+    }),
+    "controls_sinusoidal": ("sinusoidal", {"baseline": {}, "word_norm": {"pe.scale": "word_norm"}, "centered": {"pe.center": True}}),
+    "dose_response": (None, {"learned_baseline": {}, "word_norm": {"pe.scale": "word_norm"}}),
+}
 TINY_SWEEP = [
     "model.d_model=32", "model.n_heads=4", "model.n_layers=2", "data.seq_len=16", "data.batch_size=4", "data.vocab_size=300",
     "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1",
@@ -48,6 +57,25 @@ def test_study_config_composes_for_every_pe(study, pe, tmp_path):
     assert params.seed.split(",") == ["0", "1", "2"]
     assert cfg.logger.wandb.group.startswith(study)
     assert cfg.model.d_model == 64 and cfg.data.seq_len == 64
+
+
+@pytest.mark.parametrize("study,arm", [(s, a) for s, (_, arms) in CONTROL_STUDIES.items() for a in arms])
+def test_control_study_composes_for_every_arm(study, arm, tmp_path):
+    """Each arm of a control sweep composes and checks, as the sweep's job would run it (pe, control, seed)."""
+    pe, arms = CONTROL_STUDIES[study]
+    cfg = compose_train_config([f"experiment={study}", f"control={arm}", "seed=2"] + ([f"pe={pe}"] if pe else []), output_dir=tmp_path)
+    check_config(cfg)
+    params = HydraConfig.get().sweeper.params
+    assert sorted(params.control.split(",")) == sorted(arms) and params.seed.split(",") == ["0", "1", "2"]
+    assert params.get("pe", pe) == pe  # no PE-type sweep left over from the orthogonality study
+    for key, value in arms[arm].items():
+        section, name = key.split(".")
+        assert cfg[section][name] == value
+    if study == "dose_response":
+        assert cfg.model.d_model == 256 and cfg.model.n_layers == 4 and cfg.trainer.max_steps >= 3 * 1800
+        assert HydraConfig.get().runtime.choices.pe == ("sinusoidal" if arm == "word_norm" else "learned")
+    else:  # the orthogonality study's size and cadence
+        assert cfg.model.d_model == 64 and cfg.trainer.max_steps == 1800 and cfg.callbacks.geometry.every_n_steps == 25
 
 
 @pytest.mark.parametrize(
@@ -200,3 +228,34 @@ def test_scaled_embedding_runs_form_their_own_group(tmp_path):
         (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,5.0\n1,4.0\n")
     groups = group_runs(find_runs(tmp_path))
     assert [(g.label, g.seeds) for g in groups] == [("sinusoidal", [0, 1]), ("sinusoidal + scaled emb", [0])]
+
+
+def test_every_control_arm_forms_its_own_group(tmp_path):
+    """Runs of different arms must never be pooled; seeds of one arm must be (labels name what is switched)."""
+    from analysis.runs import find_runs, group_runs
+
+    arms = {
+        "plain": "", "untied": "embedding: {tie_weights: false}\n", "nodecay": "optimizer: {no_decay_embeddings: true}\n",
+        "both": "embedding: {tie_weights: false}\noptimizer: {no_decay_embeddings: true}\n",
+        "defaults": "embedding: {tie_weights: true}\noptimizer: {no_decay_embeddings: false}\n",  # the defaults spelled out
+    }
+    for arm, extra in arms.items():
+        for seed in (0, 1):
+            run = tmp_path / f"{arm}-{seed}"
+            (run / "csv").mkdir(parents=True)
+            config = f"seed: {seed}\nmodel: {{_target_: model.DecoderLM}}\npe: {{_target_: model.LearnedPE}}\n{extra}"
+            (run / "config.yaml").write_text(config)
+            (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,5.0\n1,4.0\n")
+    for name, pe in [("mixed", "{_target_: model.LearnedPE, init: mixed, init_k: 8}"),
+                     ("wordnorm", "{_target_: model.SinusoidalPE, scale: word_norm, center: false}"),
+                     ("centred", "{_target_: model.SinusoidalPE, scale: none, center: true}")]:
+        run = tmp_path / name
+        (run / "csv").mkdir(parents=True)
+        (run / "config.yaml").write_text(f"seed: 0\nmodel: {{_target_: model.DecoderLM}}\npe: {pe}\n")
+        (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,5.0\n")
+    groups = {g.label: g.seeds for g in group_runs(find_runs(tmp_path))}
+    assert groups == {
+        "learned": [0, 0, 1, 1], "learned + untied head": [0, 1], "learned + no decay on E,P": [0, 1],
+        "learned + untied head + no decay on E,P": [0, 1], "learned + mixed init k=8": [0],
+        "sinusoidal + word-norm table": [0], "sinusoidal + centred table": [0],
+    }

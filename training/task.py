@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from model.embedding import TokenEmbedding
+from model.positional import PositionalEncoding
 from model.transformer import LanguageModel
 
 
@@ -23,6 +25,12 @@ def first_non_finite_parameter(module: torch.nn.Module) -> str | None:
     if not named or bool(torch.stack([p.detach().isfinite().all() for _, p in named]).all()):
         return None
     return next(name for name, p in named if not p.detach().isfinite().all())
+
+
+def embedding_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The word embedding(s) and the parameters of the positional encoding(s): E and a learned P."""
+    modules = [m for m in model.modules() if isinstance(m, (TokenEmbedding, PositionalEncoding))]
+    return list({id(p): p for m in modules for p in m.parameters()}.values())
 
 
 def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
@@ -43,6 +51,7 @@ class LanguageModelTask(L.LightningModule):
         warmup_steps: int = 100,
         min_lr_ratio: float = 0.1,
         max_steps: int = 1000,
+        no_decay_embeddings: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
@@ -94,10 +103,13 @@ class LanguageModelTask(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        # Decay matrices only: biases, norms and 1-d parameters keep their scale.
+        # Decay matrices only: biases, norms and 1-d parameters keep their scale. With no_decay_embeddings
+        # the word embedding and a learned position table keep theirs too (decay shrinks E and P towards
+        # the origin, a pull that could shape their geometry); a tied output head is E, so it goes with it.
         params = [p for p in self.model.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
+        kept = {id(p) for p in embedding_parameters(self.model)} if hp.get("no_decay_embeddings") else set()
+        decay = [p for p in params if p.dim() >= 2 and id(p) not in kept]
+        no_decay = [p for p in params if p.dim() < 2 or id(p) in kept]
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=hp.lr,

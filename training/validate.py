@@ -6,6 +6,7 @@ what would be valid; ``train.py`` prints it and exits.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 
@@ -50,6 +51,10 @@ def check_positional_encoding(cfg: DictConfig) -> None:
     except Exception as err:  # Hydra raises ImportError or ValueError wrapped in its own types
         raise ConfigError(f"pe._target_={pe.get('_target_')!r} cannot be imported ({type(err).__name__})") from None
     settings = {k: v for k, v in pe.items() if not str(k).startswith("_")}
+    accepted = [name for name in inspect.signature(pe_class.__init__).parameters if name not in ("self", "d_model", "n_heads")]
+    unknown = sorted(set(settings) - set(accepted))
+    if unknown:  # e.g. control=mixed_init (pe.init) with pe=rope given on the command line
+        raise ConfigError(f"pe={_option('pe', pe)} has no setting {', '.join('pe.' + k for k in unknown)}; valid: {accepted}")
     try:
         pe_class.check_settings(int(cfg.model.d_model), int(cfg.model.n_heads), int(cfg.data.seq_len), **settings)
     except ValueError as err:
