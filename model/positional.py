@@ -107,7 +107,8 @@ class SinusoidalPE(PositionalEncoding):
 
     def __init__(self, d_model: int, n_heads: int, max_len: int = 512, scale: str = "none", center: bool = False) -> None:
         super().__init__(d_model, n_heads)
-        self.check_settings(d_model, n_heads, seq_len=0, scale=scale)
+        if scale not in SINUSOIDAL_SCALES:
+            raise ValueError(f"pe.scale={scale!r}; valid: {list(SINUSOIDAL_SCALES)}")
         self.scale, self.center = scale, center
         raw = sinusoidal_table(max_len, d_model)
         self.register_buffer("offset", raw.mean(0) if center else torch.zeros(d_model), persistent=False)  # (D,)
