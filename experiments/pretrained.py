@@ -62,7 +62,8 @@ def print_report(r: dict) -> None:
         print("    head " + "".join(f"{name:>11}" for name in a["shares"]))
         for h in range(len(a["shares"]["pos_pos"])):
             print(f"    {h:>4} " + "".join(f"{a['shares'][name][h]:>11.3f}" for name in a["shares"]))
-        print(f"  positional heads (pos_pos share > 0.5): {a['positional_heads']}")
+        print(f"  positional heads (pos_pos share > 0.5): {a['positional_heads']}; "
+              f"counting every position-dependent term: {a.get('positional_heads_all_terms')}")
         print("\n== Position in hidden states, any PE type (index i = block i input, 0 = embedding output; 32 windows x 62 tokens, "
               "[CLS]/[SEP] dropped)")
         keys = list(r["hidden_states"][0])

