@@ -234,3 +234,6 @@ def test_summary_names_loss_geometry_against_chance_and_the_next_commands(tmp_pa
     assert "final val/loss 4.6052  (perplexity 100.0)" in text
     assert "step 0: 0.3100   step 40: 0.1200   chance 0.2500" in text
     assert f"experiments/report.py {tmp_path}" in text and f"wandb sync {tmp_path}/wandb/offline-run-x" in text
+    records[40].update({"geometry/overlap_k8_null_mean": 0.25, "geometry/overlap_k8_null_std": 0.04, "geometry/overlap_k8_p": 0.0099})
+    text = run_summary({}, records, tmp_path, [])
+    assert "step 40: 0.1200   chance 0.2500   null 0.2500 ± 0.0400, p 0.010" in text  # the end value against its null

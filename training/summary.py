@@ -44,6 +44,9 @@ def run_summary(metrics: dict[str, float], records: dict[int, dict[str, float]],
                 chance = records[last].get(companion(name, "_chance"))
                 at_init = records[first].get(name, float("nan"))
                 beside = f"   chance {chance:.4f}" if chance is not None else ""
+                null_mean, null_std, p_value = (records[last].get(name + suffix) for suffix in ("_null_mean", "_null_std", "_p"))
+                if None not in (null_mean, null_std, p_value):  # the spectra-keeping null: is the end value an effect?
+                    beside += f"   null {null_mean:.4f} ± {null_std:.4f}, p {p_value:.3f}"
                 lines.append(f"  {name:<28} step {first}: {at_init:.4f}   step {last}: {records[last][name]:.4f}{beside}")
     lines.append(f"  run folder: {output_dir}")
     if (output_dir / "csv" / "metrics.csv").is_file():  # the report reads the CSV log (absent with logger=none)
