@@ -182,7 +182,7 @@ def test_interrupt_saves_last_ckpt_at_the_interrupted_step(sig, exit_code, tmp_p
     proc = start(run, [*corpus_args(tiny_corpus), *RUN, "trainer.max_steps=5000"], cache_dir)
     wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 14, proc, "step 14")
     proc.send_signal(sig)
-    result = finish(proc, timeout=60)
+    result = finish(proc, timeout=120)
     assert result.returncode == exit_code, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT (Ctrl-C)"
@@ -664,9 +664,11 @@ def test_interrupt_then_resume_matches_the_uninterrupted_run(sig, tmp_path, tiny
     stopped = start(run, args, cache_dir)
     wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 24, stopped, "step 24")
     stopped.send_signal(sig)
-    assert finish(stopped, timeout=60).returncode == 128 + sig
+    assert finish(stopped, timeout=120).returncode == 128 + sig
     last = load_ckpt(run / "checkpoints" / "last.ckpt")
-    assert 24 <= last["global_step"] < STEPS and last["global_step"] % 10  # off the periodic grid: the interrupt's own save
+    # the interrupt's own save: at or after the step seen when the signal went out (the periodic one before it is step 20);
+    # where it stops depends on timing, and it may fall on the periodic grid too
+    assert 24 <= last["global_step"] < STEPS
     position = last["TextDataModule"]  # the datamodule's state: training batches consumed in the current epoch
     n_batches = 34  # training blocks per epoch / batch size on the tiny corpus, as the RUN comment says
     assert position["epoch"] * n_batches + position["batches"] == last["global_step"]  # the data position agrees with the step
