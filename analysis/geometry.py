@@ -428,27 +428,11 @@ def attention_terms(
     bias, only b_q (x_j Wk)^T varies along keys j; the rest is constant per query row
     and cancels in the softmax.
     """
-    T, _ = e.shape
-    d_head = W_q.shape[1] // n_heads
-    W_q, W_k = _f64(W_q), _f64(W_k)
+    from analysis.attention_split import attention_split  # the seven-term split; here its three bias terms are lumped
 
-    def heads(y: Tensor) -> Tensor:  # (T, n_heads * d_head) -> (n_heads, T, d_head)
-        return y.reshape(-1, n_heads, d_head).transpose(0, 1)
-
-    q_e, q_p, k_e, k_p = heads(_f64(e) @ W_q), heads(_f64(p) @ W_q), heads(_f64(e) @ W_k), heads(_f64(p) @ W_k)
-    zero = torch.zeros(n_heads * d_head, dtype=torch.float64)
-    bq = heads(_f64(b_q) if b_q is not None else zero)  # (n_heads, 1, d_head)
-    bk = heads(_f64(b_k) if b_k is not None else zero)
-    q, k = q_e + q_p, k_e + k_p
-    bias = q @ bk.transpose(-2, -1) + bq @ k.transpose(-2, -1) + bq @ bk.transpose(-2, -1)
-    scale = 1.0 / math.sqrt(d_head)
-    return {
-        "word_word": q_e @ k_e.transpose(-2, -1) * scale,
-        "pos_pos": q_p @ k_p.transpose(-2, -1) * scale,
-        "word_pos": q_e @ k_p.transpose(-2, -1) * scale,
-        "pos_word": q_p @ k_e.transpose(-2, -1) * scale,
-        "bias": bias.expand(n_heads, T, T) * scale,
-    }
+    terms = attention_split(e, p, W_q, W_k, b_q, b_k, n_heads=n_heads)
+    bias = terms.pop("word_bias") + terms.pop("pos_bias") + terms.pop("bias_bias")
+    return {**terms, "bias": bias}
 
 
 def attention_term_shares(terms: dict[str, Tensor], mask: Tensor | None = None) -> dict[str, Tensor]:
@@ -459,16 +443,11 @@ def attention_term_shares(terms: dict[str, Tensor], mask: Tensor | None = None) 
     causal). share_t = Cov(term_t, S) / Var(S) with S the summed score: the shares sum to
     1 exactly; a share can fall outside [0, 1] when terms cancel each other.
     """
-    S = sum(terms.values())
-    w = torch.ones(S.shape[-2:], dtype=torch.float64) if mask is None else mask.to(torch.float64)
-    n_keys = w.sum(dim=-1, keepdim=True).clamp_min(1.0)
+    from analysis.attention_split import term_shares
 
-    def centred(t: Tensor) -> Tensor:
-        return (t - (t * w).sum(dim=-1, keepdim=True) / n_keys) * w
-
-    S_c = centred(S)
-    var = (S_c * S_c).sum(dim=(-2, -1))
-    return {name: (centred(t) * S_c).sum(dim=(-2, -1)) / var for name, t in terms.items()}
+    shares = term_shares(terms, mask)
+    shares.pop("positional")  # a sum over the seven-term names; not meaningful for this split
+    return shares
 
 
 def positional_heads(shares: dict[str, Tensor], threshold: float = 0.5, term: str = "pos_pos") -> list[int]:
