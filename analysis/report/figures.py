@@ -82,7 +82,11 @@ def _plot_baseline(ax, groups: list[Group], key: str, suffix: str):
         return ax.axhline(hi_all, color="black", ls=style, lw=1.2, label=f"{text} = {fmt(hi_all)}", zorder=1)
     for g, (steps, mean, _, _) in per_group:
         ax.plot(steps, mean, color=g.color, ls=style, lw=1.0, alpha=0.8, zorder=1)
-    return Line2D([], [], color="black", ls=style, lw=1.0, label=f"{text} (each PE type, its colour)")
+        spread = aggregate([r.series[key + "_null_std"] for r in g.runs if key + "_null_std" in r.series])
+        if suffix == "_null_mean" and spread is not None and len(spread[0]) == len(steps):  # the null's ±2 std band
+            ax.fill_between(steps, mean - 2 * spread[1], mean + 2 * spread[1], color=g.color, alpha=0.08, lw=0, zorder=0)
+    note = " ± 2 std band" if suffix == "_null_mean" else ""
+    return Line2D([], [], color="black", ls=style, lw=1.0, label=f"{text}{note} (each PE type, its colour)")
 
 
 def _baselines(ax, groups: list[Group], key: str) -> None:
