@@ -36,7 +36,14 @@ def run_folder_name(experiment: str | None, model: str, pe: str, overrides: str 
     return name
 
 
+def arm_name(model: str, pe: str, control: str | None = None) -> str:
+    """``decoder-learned``, or ``decoder-learned-untied_head`` for a control arm: a sweep's run names and
+    job folders must tell its arms apart (configs/control/; ``baseline`` is the study itself)."""
+    return "-".join(str(part) for part in (model, pe, control) if part not in (None, "", "None", "null", "baseline"))
+
+
 OmegaConf.register_new_resolver("run_folder_name", run_folder_name, replace=True)
+OmegaConf.register_new_resolver("arm", arm_name, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
