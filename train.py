@@ -7,43 +7,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import signal
 import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 # Nothing here imports torch or Lightning: `--help`, `--cfg job` and tab completion answer before
 # they would load (measured by `python experiments/benchmark.py --cli`).
 log = logging.getLogger("train")
-MAX_NAME_CHARS = 120  # file systems allow 255 bytes per folder name; keep room for the time prefix
-
-
-def run_folder_name(experiment: str | None, model: str, pe: str, overrides: str = "") -> str:
-    """``quick_decoder-rope_trainer.max_steps-20+model.d_model-64``: what ran and the overrides that tell
-    it apart (noise keys are excluded in configs/hydra/default.yaml). Only characters a Hydra override
-    value and a shell word take unquoted, so the folder can be passed back as ``ckpt_path=<folder>/...``;
-    a long override list is cut and given a short hash, so two different runs never share a name."""
-    name = "_".join(part for part in (experiment or "default", f"{model}-{pe}", overrides) if part)
-    name = re.sub(r"[^A-Za-z0-9_.+-]", "-", name)
-    if len(name) > MAX_NAME_CHARS:
-        name = name[: MAX_NAME_CHARS - 9] + "_" + hashlib.sha1(name.encode()).hexdigest()[:8]
-    return name
-
-
-def arm_name(model: str, pe: str, control: str | None = None) -> str:
-    """``decoder-learned``, or ``decoder-learned-untied_head`` for a control arm: a sweep's run names and
-    job folders must tell its arms apart (configs/control/; ``baseline`` is the study itself)."""
-    return "-".join(str(part) for part in (model, pe, control) if part not in (None, "", "None", "null", "baseline"))
-
-
-OmegaConf.register_new_resolver("run_folder_name", run_folder_name, replace=True)
-OmegaConf.register_new_resolver("arm", arm_name, replace=True)
+# Registers the resolvers the configs use (run_folder_name, arm); kept in a module of their own so that any
+# code composing configs/ (tests, notebooks, benchmarks) gets them without importing this script.
+import training.names  # noqa: E402, F401
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

@@ -28,6 +28,7 @@ from statistics import median
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import offline  # noqa: E402, F401
+import training.names  # noqa: E402, F401  (the resolvers configs/ uses)
 
 # isort: split
 

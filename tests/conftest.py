@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import offline  # noqa: F401  (nothing in the tests may reach a hub or W&B)
+import training.names  # noqa: F401  (the resolvers configs/ uses)
 
 # isort: split
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, tiny_train_config
+from tests.conftest import ROOT, compose_train_config, tiny_train_config
 from training.pipeline import train
 from training.run_config import contradictions, is_fixed_on_resume, overridden_keys
 from training.validate import ConfigError
@@ -211,7 +211,7 @@ def test_ctrl_c_prints_the_resume_override(tmp_path, tiny_corpus):
 def test_run_folder_names_say_what_ran_and_can_be_passed_back_as_ckpt_path():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from train import run_folder_name
+    from training.names import run_folder_name
 
     assert run_folder_name(None, "decoder", "sinusoidal", "") == "default_decoder-sinusoidal"
     name = run_folder_name("quick", "decoder", "rope", "model.d_model-64+trainer.max_steps-20")
@@ -221,6 +221,15 @@ def test_run_folder_names_say_what_ran_and_can_be_passed_back_as_ckpt_path():
     for folder in (name, long, run_folder_name(None, "decoder", "rope", "~callbacks.progress_bar+x-[a,b]")):
         override = OverridesParser.create().parse_override(f"ckpt_path=/runs/{folder}/checkpoints/last.ckpt")
         assert override.value() == f"/runs/{folder}/checkpoints/last.ckpt"
+
+
+def test_control_arms_get_their_own_run_names():
+    """Five arms of one sweep once shared the name decoder-learned-s0 (in W&B and in the job folders)."""
+    names = {arm: compose_train_config([f"control={arm}", "pe=learned", "seed=1"]).run_name
+             for arm in ("baseline", "untied_head", "mixed_init")}
+    assert names == {"baseline": "decoder-learned-s1", "untied_head": "decoder-learned-untied_head-s1",
+                     "mixed_init": "decoder-learned-mixed_init-s1"}
+    assert compose_train_config(["pe=rope"]).run_name == "decoder-rope-s0"  # no control arm: the name as before
 
 
 def test_summary_names_loss_geometry_against_chance_and_the_next_commands(tmp_path):
