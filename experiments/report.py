@@ -34,10 +34,14 @@ def main(argv: list[str] | None = None) -> dict:
                         help="do not evaluate longer blocks (existing length_extrapolation.json files are still used)")
     parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4], help="evaluation lengths as multiples of seq_len")
     parser.add_argument("--max-batches", type=int, default=8, help="validation tokens for extrapolation = max_batches x batch x seq_len")
+    parser.add_argument("--no-verdict", action="store_true",
+                        help="do not re-measure final weights against the null (existing verdict.json files are still used)")
+    parser.add_argument("--null-draws", type=int, default=None, help="Haar rotations per verdict null (default: 2000)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     summary = build_report(args.multirun, args.out, args.pretrained_json, extrapolation=not args.no_extrapolation,
-                           pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers), max_batches=args.max_batches)
+                           pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers), max_batches=args.max_batches,
+                           verdict=not args.no_verdict, **({"null_draws": args.null_draws} if args.null_draws else {}))
     print(f"report: {Path(args.out or args.multirun / 'report') / 'report.md'}")
     return summary
 

@@ -72,7 +72,7 @@ def test_control_study_composes_for_every_arm(study, arm, tmp_path):
         section, name = key.split(".")
         assert cfg[section][name] == value
     if study == "dose_response":
-        assert cfg.model.d_model == 256 and cfg.model.n_layers == 4 and cfg.trainer.max_steps >= 3 * 1800
+        assert cfg.model.d_model >= 128 and cfg.model.n_layers == 4 and cfg.trainer.max_steps >= 2 * 1800  # larger, longer
         assert HydraConfig.get().runtime.choices.pe == ("sinusoidal" if arm == "word_norm" else "learned")
     else:  # the orthogonality study's size and cadence
         assert cfg.model.d_model == 64 and cfg.trainer.max_steps == 1800 and cfg.callbacks.geometry.every_n_steps == 25
@@ -213,6 +213,33 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
     assert "geometry/abs_cos_mean" not in summary["groups"]["rope"]["measures"]
     assert learned["extrapolation"]["lengths"]["40"]["loss"] == "n/a"
     assert summary["groups"]["rope"]["extrapolation"]["lengths"]["40"]["loss"]["n"] == 2
+    # the report opens with the verdict: each arm's final figures against a 2000-draw null, p per seed
+    assert lines.index("## Verdict") < lines.index("## Key figures")
+    verdicts = {v["label"]: v for v in summary["verdict"]}
+    overlap = verdicts["learned"]["input"]["overlap_k8"]
+    assert overlap["n_seeds"] == 2 and len(overlap["p"]) == 2 and all(1 / 2001 <= p <= 1 for p in overlap["p"])
+    assert verdicts["learned"]["n_draws"] == 2000 and not verdicts["rope"]["input"]  # RoPE adds no table
+    row = next(line for line in lines if line.startswith("| learned | top-8 subspace overlap"))
+    assert "null" in row.split("|")[-2]  # the reading: at / below / above the null
+
+
+@pytest.mark.slow  # runs train.py in a subprocess
+def test_verdict_remeasures_exactly_what_the_callback_measured(sweep):
+    """The verdict's final E and P rows are the callback's: its observed figures equal the last logged ones,
+    and its 2000-draw null mean agrees with the logged 100-draw one within the Monte-Carlo error."""
+    from analysis.runs import load_run
+    from analysis.verdict import VERDICT_FILE, run_null
+
+    run = load_run(_run(sweep, "learned", 0))
+    result = run_null(run, n_draws=2000)
+    assert result["step"] == 6 and (run.path / VERDICT_FILE).is_file()
+    for figure in ("abs_cos_mean", "overlap_k8", "var_share_P_in_E_k8"):
+        logged = run.series[f"geometry/{figure}"][1][-1]
+        assert result["figures"][figure] == pytest.approx(logged, rel=1e-5), figure
+        null_std = run.series[f"geometry/{figure}_null_std"][1][-1]
+        assert result["figures"][f"{figure}_null_mean"] == pytest.approx(run.series[f"geometry/{figure}_null_mean"][1][-1],
+                                                                         abs=0.5 * null_std), figure
+    assert run_null(run, n_draws=2000, compute=False) == result  # cached while the checkpoint is unchanged
 
 
 def test_scaled_embedding_runs_form_their_own_group(tmp_path):

@@ -14,7 +14,9 @@ Reads every run below the given directory (a run = a folder with ``config.yaml``
   dashed line (and ``_random`` / ``_shuffled`` baselines, dotted / dash-dot);
 - ``loss.png`` (training loss, smoothed, and validation loss), ``overview.png``,
   ``extrapolation.png`` (validation loss on 1x, 2x, 4x seq_len blocks);
-- ``report.md``: a table per measure (init mean +- std, end mean +- std, chance, seeds),
+- ``report.md``: first the verdict (analysis/verdict.py: each arm's headline figures of the final
+  weights against a 2000-draw spectra-keeping null, p per seed, effect ± seed spread), then a table
+  per measure (init mean +- std, end mean +- std, chance, seeds),
   validation loss, length extrapolation, and the pretrained MiniLM checkpoint's figures
   (analysis/pretrained.py) beside the trained models' input-level figures;
 - ``summary.json``: every number in the tables.
@@ -28,10 +30,12 @@ import logging
 from pathlib import Path
 
 from analysis.metric_names import TRAIN_LOSS, VAL_LOSS
+from analysis.nulls import REPORT_DRAWS
 from analysis.report.figures import figure_name, plot_extrapolation, plot_family, plot_loss, plot_overview
 from analysis.report.markdown import ReportData, write_markdown
 from analysis.report.tables import NA
 from analysis.runs import EXTRAPOLATION_FILE, Group, Run, find_runs, geometry_families, group_runs, measure_summary, stats
+from analysis.verdict import group_verdict
 
 log = logging.getLogger("report")
 
@@ -120,6 +124,8 @@ def build_report(
     pretrained: bool = True,
     multipliers: tuple[int, ...] = (1, 2, 4),
     max_batches: int = 8,
+    verdict: bool = True,
+    null_draws: int = REPORT_DRAWS,
 ) -> dict:
     """Read the runs under ``source``, write figures, report.md and summary.json to ``out``; returns the summary."""
     source = Path(source)
@@ -149,6 +155,10 @@ def build_report(
         if plot_family(family, members, groups, out / name):
             figures.append(name)
 
+    # The verdict re-measures each run's final weights with a null of null_draws rotations (cached per run);
+    # without checkpoints (or with verdict=False) it reuses verdict.json files already in the runs.
+    verdicts = [group_verdict(g, null_draws, compute=verdict) for g in groups]
+    verdicts = [v for v in verdicts if v["input"] or v["hidden"] or v["attn"]]
     pre, pre_source = (load_pretrained(pretrained_json, out) if pretrained else (None, "skipped (--no-pretrained)"))
     tokens_rule = None
     for r in runs:
@@ -158,7 +168,8 @@ def build_report(
             break
     data = ReportData(source=str(source), generated=datetime.datetime.now().isoformat(timespec="seconds"), groups=groups,
                       families=families, summaries=summaries, figures=figures, extrapolation=ext_table,
-                      multipliers=multipliers, pretrained=pre, pretrained_source=pre_source, tokens_rule=tokens_rule)
+                      multipliers=multipliers, pretrained=pre, pretrained_source=pre_source, tokens_rule=tokens_rule,
+                      verdicts=verdicts)
     (out / "report.md").write_text(write_markdown(data))
 
     summary = {
@@ -175,6 +186,7 @@ def build_report(
             for g in groups
         },
         "figures": figures,
+        "verdict": verdicts,
         "word_rows": tokens_rule,
         "pretrained": None if pre is None else {k: pre.get(k) for k in ("model", "article", "chance", "seed_rows", "frequent_rows",
                                                                          "attention_layer0", "hidden_states") if k in pre},

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis import metric_names as names
+from analysis import verdict
 from analysis.metric_names import MetricName
 from analysis.report.figures import figure_name
 from analysis.report.tables import NA, fmt, fmt_stats, md_table, measure_rows
@@ -32,6 +33,7 @@ class ReportData:
     pretrained: dict | None
     pretrained_source: str
     tokens_rule: dict | None
+    verdicts: list[dict] | None = None  # analysis.verdict.group_verdict per group (None: not computed)
 
     @property
     def runs(self) -> list[Run]:
@@ -40,7 +42,7 @@ class ReportData:
 
 def write_markdown(data: ReportData) -> str:
     """report.md: the sections in order."""
-    sections = (header_section, key_figures_section, loss_section, extrapolation_section, geometry_sections, files_section)
+    sections = (header_section, verdict_section, key_figures_section, loss_section, extrapolation_section, geometry_sections, files_section)
     return "\n".join(line for section in sections for line in section(data))
 
 
@@ -67,6 +69,59 @@ def header_section(data: ReportData) -> list[str]:
               "dotted = Gaussian matrices of the same shapes, dash-dot = positions shuffled. Tables: mean ± std over seeds "
               "(sample std).", ""]
     lines += ["![overview](overview.png)", ""] if "overview.png" in data.figures else []
+    return lines
+
+
+def _p_list(ps: list[float]) -> str:
+    return ", ".join(fmt(p, 2) for p in ps)
+
+
+def verdict_section(data: ReportData) -> list[str]:
+    """The one-page answer: each arm's headline figures against their nulls, per seed and over seeds."""
+    if not data.verdicts:
+        return []
+    return ["## Verdict", ""] + verdict_tables(data.verdicts)
+
+
+def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, heading: str = "###") -> list[str]:
+    """Markdown tables of analysis.verdict.group_verdict results (input figures limited to ``figures`` if given)."""
+    n_draws = verdicts[0].get("n_draws")
+    lines = [f"Final weights of every run against the spectra-keeping null ({n_draws} Haar rotations of P relative to E; "
+             f"two-sided p per seed, floor {fmt(1 / (n_draws + 1), 2)}). Effect = observed − null mean, mean ± std over seeds "
+             "(the seed spread). Fisher p combines the seeds' p-values (is any seed off its null); the reading counts seeds "
+             f"with p < {verdict.SIGNIFICANCE} on the side of the mean effect. Step 0 = the logged value at initialisation.", ""]
+    rows = []
+    for v in verdicts:
+        for figure, title, _ in verdict.INPUT_FIGURES:
+            f = v["input"].get(figure)
+            if f is None or (figures is not None and figure not in figures):
+                continue
+            rows.append([v["label"], title, fmt_stats(f["init"]), fmt_stats(f["observed"]), fmt_stats(f["null_mean"]),
+                         fmt_stats(f["effect"]), _p_list(f["p"]), fmt(f["fisher_p"], 2), verdict.reading(f)])
+    if rows:
+        lines += [f"{heading} Word rows vs position rows (input level)", ""]
+        lines += md_table(["arm", "figure", "step 0", "end", "null mean", "effect", "p per seed", "Fisher p", "reading"], rows)
+    rows = []
+    for v in verdicts:
+        f = v["hidden"].get("position_r2")
+        if f is not None:
+            rows.append([v["label"], str(f["layer"]), fmt_stats(f["init"]), fmt_stats(f["observed"]), fmt_stats(f["null_mean"]),
+                         _p_list(f["p"]), ", ".join(fmt(z, 3) for z in f["z"]), fmt(f["fisher_p"], 2),
+                         verdict.reading(f, toward="position readable", away="below the null")])
+    if rows:
+        lines += [f"{heading} Position in the hidden states (input of the last block)", "",
+                  "Grouped-CV ridge R² on 128 validation blocks; null = each block's positions shifted cyclically; "
+                  "p from the shifts the log recorded (its floor is 2/(shifts + 1), so read z too).", ""]
+        lines += md_table(["arm", "block", "step 0", "end", "null mean", "p per seed", "z per seed", "Fisher p", "reading"], rows)
+    rows = [[v["label"], fmt_stats(h["init"]), fmt_stats(h["end"]), fmt_stats(h.get("positional_share_init")),
+             fmt_stats(h.get("positional_share_end")), str(h["n_heads"]), str(h["n_seeds"])]
+            for v in verdicts if (h := v["attn"].get("n_positional_heads_all_terms"))]
+    if rows:
+        lines += [f"{heading} Positional heads in block 0 (every position-dependent term counted)", "",
+                  "Heads whose position-dependent score variance exceeds half, and that share averaged over the heads. At "
+                  "initialisation it is already high (three of the four cross terms involve position), so the reference "
+                  "is step 0, not 0.", ""]
+        lines += md_table(["arm", "positional heads, step 0", "end", "positional share, step 0", "end", "heads", "n seeds"], rows)
     return lines
 
 

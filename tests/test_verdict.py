@@ -1,0 +1,34 @@
+"""How an arm's seeds are combined into a verdict: checked against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats as scipy_stats
+
+from analysis.verdict import combine_seeds, reading
+
+
+def test_fisher_combination_matches_the_chi_square_formula():
+    p = [0.01, 0.2, 0.6]
+    v = combine_seeds([0.05, 0.06, 0.07], [0.1, 0.1, 0.1], p, [-2.5, -1.2, -0.5], side="less")
+    statistic = -2 * sum(math.log(x) for x in p)  # Fisher 1925: chi-square with 2n degrees of freedom
+    assert v["fisher_p"] == pytest.approx(scipy_stats.chi2.sf(statistic, df=2 * len(p)), rel=1e-12)
+    assert v["effect"]["mean"] == pytest.approx(-0.04) and v["effect"]["std"] == pytest.approx(0.01)
+    assert v["n_significant_same_side"] == 1 and v["direction"] == "less"
+
+
+def test_a_seed_significant_on_the_other_side_does_not_count_as_agreement():
+    v = combine_seeds([0.03, 0.03, 0.15], [0.1, 0.1, 0.1], [0.001, 0.001, 0.001], [-5, -5, 5], side="less")
+    assert v["effect"]["mean"] < 0 and v["n_significant_same_side"] == 2
+    assert reading(v) == "below the null in 2/3 seeds: separated"
+
+
+def test_readings_in_plain_words():
+    at_null = combine_seeds([0.1, 0.11], [0.1, 0.1], [0.5, 0.4], [0.1, 0.6], side="less")
+    assert reading(at_null) == "at the null (none of 2 seeds has p < 0.05)"
+    aligned = combine_seeds([0.3, 0.3], [0.1, 0.1], [0.001, 0.002], [9, 8], side="less")
+    assert reading(aligned) == "above the null in 2/2 seeds: more aligned than the null"
+    probe = combine_seeds([0.4, 0.5], [0.0, 0.0], [0.01, 0.01], [6, 7], side="greater")
+    assert reading(probe, toward="position readable", away="below the null") == "above the null in 2/2 seeds: position readable"
