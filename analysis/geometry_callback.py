@@ -118,8 +118,11 @@ class GeometryCallback(L.Callback):
         self._record(trainer, pl_module)  # step 0: initialisation (or the resume step)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
-            self._record(trainer, pl_module)
+        # The last step is final here already: when it falls on the cadence, on_train_end finds it recorded
+        # and skips it, so the probe (final records only, off its own cadence) would be missing at the end.
+        last = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
+        if trainer.global_step % self.every_n_steps == 0 or last:
+            self._record(trainer, pl_module, final=last)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._record(trainer, pl_module, final=True)

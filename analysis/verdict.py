@@ -164,6 +164,7 @@ def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = Tru
             verdict = combine_seeds([o for _, o, _, _, _ in per_seed], [m for _, _, m, _, _ in per_seed],
                                     [p for *_, p, _ in per_seed], [z for *_, z in per_seed], "greater")
             verdict["layer"] = layer
+            verdict["step"] = min(int(r.series[key][0][-1]) for r, *_ in per_seed)  # the last probe record
             verdict["init"] = stats([v for r, *_ in per_seed if (v := _logged_init(r, key)) is not None])
             out["hidden"]["position_r2"] = verdict
 

@@ -157,5 +157,10 @@ def test_geometry_callback_logs_nulls_probe_and_full_split_at_their_cadence():
     assert head in middle and names.N_POSITIONAL_HEADS_ALL_TERMS in middle
     shares = sum(middle[names.attention_share_metric(1, t)] for t in ("word_word", "word_bias", "bias_bias")) + middle[head]
     assert shares == pytest.approx(1.0)
+    # the last step on the cadence: the batch-end record is the final one (on_train_end then skips the step)
+    trainer.global_step, trainer.max_steps, callback.every_n_steps, callback.probe_every = 50, 50, 25, 500
+    callback.on_train_batch_end(trainer, SimpleNamespace(model=model))
+    callback.on_train_end(trainer, SimpleNamespace(model=model))
+    assert probe_key in callback.records[50]
     with pytest.raises(ValueError, match="position_probe_blocks=3 must be >= 5"):
         GeometryCallback(position_probe_blocks=3)

@@ -29,8 +29,9 @@ STYLE = {
 }
 # Hidden-state panels show the input of the last block: the deepest representation that still has to carry
 # position for attention to use. The model output only predicts the next token and sheds position.
-OVERVIEW_INPUT = ["abs_cos_mean", "overlap_k8", "norm_ratio_p_over_e"]
-OVERVIEW_HIDDEN = ["position_probe_r2", "overlap_pos_tok_k8"]
+OVERVIEW_INPUT = ["abs_cos_mean", "overlap_k8", "var_share_P_in_E_k8", "norm_ratio_p_over_e"]
+OVERVIEW_HIDDEN = ["position_r2"]
+OLD_PROBE = {"position_r2": "position_probe_r2"}  # runs logged before the powered probe existed
 
 
 def figure_name(name: MetricName) -> str:
@@ -92,8 +93,8 @@ def _plot_baseline(ax, groups: list[Group], key: str, suffix: str):
 def _baselines(ax, groups: list[Group], key: str) -> None:
     """Every logged baseline of key, with a small legend inside the panel (each panel has its own levels)."""
     lines = [line for suffix in COMPANIONS if (line := _plot_baseline(ax, groups, key, suffix)) is not None]
-    if lines:
-        ax.legend(handles=lines, loc="best", fontsize=7.5, framealpha=0.85)
+    if lines:  # below the panel: inside it, the legend hid the curves whatever place "best" chose
+        ax.legend(handles=lines, loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7, frameon=False)
 
 
 def _log_if_wide(ax, ratio: float = 20.0) -> None:
@@ -181,10 +182,18 @@ def plot_loss(groups: list[Group], path: Path) -> bool:
     return True
 
 
+def _or_older(key: str, logged: set[str]) -> str:
+    """key, or the name an older run logged the same panel under (OLD_PROBE) when key itself was not logged."""
+    for new, old in OLD_PROBE.items():
+        if key.endswith("/" + new) and key not in logged:
+            return key[: -len(new)] + old
+    return key
+
+
 def plot_overview(groups: list[Group], path: Path) -> bool:
     n_layers = max((n_layers_of(g) or 0) for g in groups)
-    keys = overview_keys(n_layers)
-    keys = [k for k in keys if any(k in r.series for g in groups for r in g.runs)]
+    logged = {k for g in groups for r in g.runs for k in r.series}
+    keys = [k for k in (_or_older(k, logged) for k in overview_keys(n_layers)) if k in logged]
     panels = ["val/loss", *keys] if any("val/loss" in r.series for g in groups for r in g.runs) else keys
     if not panels:
         return False

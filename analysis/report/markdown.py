@@ -99,17 +99,20 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
             rows.append([v["label"], title, fmt_stats(f["init"]), fmt_stats(f["observed"]), fmt_stats(f["null_mean"]),
                          fmt_stats(f["effect"]), _p_list(f["p"]), fmt(f["fisher_p"], 2), verdict.reading(f)])
     if rows:
-        lines += [f"{heading} Word rows vs position rows (input level)", ""]
+        lines += [f"{heading} C3, C4: word rows vs position rows (input level)", "",
+                  "C3 says they are nearly orthogonal, C4 that training separates them: below the null on the overlaps and "
+                  "|cos| (above it on the angle) = separated beyond what the two spectra give by themselves.", ""]
         lines += md_table(["arm", "figure", "step 0", "end", "null mean", "effect", "p per seed", "Fisher p", "reading"], rows)
     rows = []
     for v in verdicts:
         f = v["hidden"].get("position_r2")
         if f is not None:
-            rows.append([v["label"], str(f["layer"]), fmt_stats(f["init"]), fmt_stats(f["observed"]), fmt_stats(f["null_mean"]),
+            end = fmt_stats(f["observed"]) + (f" (step {f['step']})" if "step" in f else "")
+            rows.append([v["label"], str(f["layer"]), fmt_stats(f["init"]), end, fmt_stats(f["null_mean"]),
                          _p_list(f["p"]), ", ".join(fmt(z, 3) for z in f["z"]), fmt(f["fisher_p"], 2),
                          verdict.reading(f, toward="position readable", away="below the null")])
     if rows:
-        lines += [f"{heading} Position in the hidden states (input of the last block)", "",
+        lines += [f"{heading} C6: position inside each token's vector (hidden states, input of the last block)", "",
                   "Grouped-CV ridge R² on 128 validation blocks; null = each block's positions shifted cyclically; "
                   "p from the shifts the log recorded (its floor is 2/(shifts + 1), so read z too).", ""]
         lines += md_table(["arm", "block", "step 0", "end", "null mean", "p per seed", "z per seed", "Fisher p", "reading"], rows)
@@ -117,7 +120,7 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
              fmt_stats(h.get("positional_share_end")), str(h["n_heads"]), str(h["n_seeds"])]
             for v in verdicts if (h := v["attn"].get("n_positional_heads_all_terms"))]
     if rows:
-        lines += [f"{heading} Positional heads in block 0 (every position-dependent term counted)", "",
+        lines += [f"{heading} C5: positional heads in block 0 (every position-dependent term counted)", "",
                   "Heads whose position-dependent score variance exceeds half, and that share averaged over the heads. At "
                   "initialisation it is already high (three of the four cross terms involve position), so the reference "
                   "is step 0, not 0.", ""]
