@@ -2,6 +2,7 @@
 
     python experiments/verdict.py experiments/results/controls_learned experiments/results/controls_sinusoidal
     python experiments/verdict.py REPORT... --figures overlap_k8 var_share_P_in_E_k8    # fewer input figures
+    python experiments/verdict.py REPORT... --compact --figures overlap_k8 var_share_P_in_E_k8  # one row per arm
 
 Reads each report's summary.json (written by experiments/report.py) and prints one set of markdown
 tables, a block of rows per report, in the order given.
@@ -18,7 +19,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import argparse  # noqa: E402
 import json  # noqa: E402
 
-from analysis.report.markdown import verdict_tables  # noqa: E402
+from analysis.report.markdown import compact_verdict_table, verdict_tables  # noqa: E402
 from analysis.verdict import INPUT_FIGURES  # noqa: E402
 
 
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("reports", type=Path, nargs="+", help="report folders (with summary.json)")
     parser.add_argument("--figures", nargs="+", default=None, choices=[f for f, _, _ in INPUT_FIGURES],
                         help="input-level figures to show (default: all)")
+    parser.add_argument("--compact", action="store_true", help="one row per arm (input figures only; reading from the first)")
     args = parser.parse_args(argv)
     verdicts = []
     for folder in args.reports:
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> str:
             parser.error(f"{path}: the report has no verdict (made with --no-verdict, or before verdicts existed)")
         prefix = folder.name if len(args.reports) > 1 else None
         verdicts += [{**v, "label": f"{prefix}: {v['label']}" if prefix else v["label"]} for v in found]
-    text = "\n".join(verdict_tables(verdicts, args.figures))
+    figures = args.figures or [f for f, _, _ in INPUT_FIGURES]
+    text = "\n".join(compact_verdict_table(verdicts, figures) if args.compact else verdict_tables(verdicts, args.figures))
     print(text)
     return text
 

@@ -32,3 +32,27 @@ def test_readings_in_plain_words():
     assert reading(aligned) == "above the null in 2/2 seeds: more aligned than the null"
     probe = combine_seeds([0.4, 0.5], [0.0, 0.0], [0.01, 0.01], [6, 7], side="greater")
     assert reading(probe, toward="position readable", away="below the null") == "above the null in 2/2 seeds: position readable"
+
+
+def test_verdict_script_puts_several_reports_in_one_table(tmp_path, capsys):
+    """experiments/verdict.py reads each report's summary.json; rows keep the report's name and the arm."""
+    import json
+
+    from experiments.verdict import main
+
+    for name, observed in (("controls_learned", [0.05, 0.06]), ("dose_response", [0.02, 0.03])):
+        v = combine_seeds(observed, [0.12, 0.12], [0.002, 0.004], [-4.0, -3.5], side="less")
+        verdict = {"label": "learned", "seeds": [0, 1], "n_draws": 2000, "input": {"overlap_k8": {**v, "init": {"n": 0}}},
+                   "hidden": {}, "attn": {}}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"verdict": [verdict]}))
+    text = main([str(tmp_path / "controls_learned"), str(tmp_path / "dose_response"), "--compact", "--figures", "overlap_k8"])
+    rows = [line for line in text.splitlines() if line.startswith("| controls") or line.startswith("| dose")]
+    assert rows[0].startswith("| controls_learned: learned | 2 | 0.055 (0.12) · -0.065 ± 0.007 · 0.002, 0.004 |")
+    assert rows[1].startswith("| dose_response: learned | 2 | 0.025 (0.12) · -0.095 ± 0.007")
+    assert rows[0].endswith("| below the null in 2/2 seeds: separated |")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "summary.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "empty")])
+    assert "has no verdict" in capsys.readouterr().err

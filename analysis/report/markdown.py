@@ -128,6 +128,24 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
     return lines
 
 
+def compact_verdict_table(verdicts: list[dict], figures: list[str]) -> list[str]:
+    """One row per arm: for each input figure, end vs null mean, the effect ± seed spread and the p per seed."""
+    titles = {f: t for f, t, _ in verdict.INPUT_FIGURES}
+    header = ["arm", "seeds"] + [f"{titles[f]}: end (null) · effect ± sd · p per seed" for f in figures] + ["reading"]
+    rows = []
+    for v in verdicts:
+        cells = []
+        found = [v["input"][f] for f in figures if f in v["input"]]
+        if not found:
+            continue
+        for f in figures:
+            x = v["input"].get(f)
+            cells.append("–" if x is None else f"{fmt(x['observed']['mean'], 3)} ({fmt(x['null_mean']['mean'], 3)}) · "
+                         f"{fmt(x['effect']['mean'], 2)} ± {fmt(x['effect']['std'], 1)} · {_p_list(x['p'])}")
+        rows.append([v["label"], str(len(v["seeds"]))] + cells + [verdict.reading(found[0])])
+    return md_table(header, rows)
+
+
 def key_figures_section(data: ReportData) -> list[str]:
     """One row per group: final validation loss and the headline measures, init -> end (chance)."""
     groups, summaries, runs = data.groups, data.summaries, data.runs
