@@ -190,4 +190,5 @@ def reading(v: dict, toward: str = "separated", away: str = "more aligned than t
     if k == 0:
         return f"at the null (none of {n} seeds has p < {SIGNIFICANCE})"
     side = "below" if v["direction"] == "less" else "above"
-    return f"{side} the null in {k}/{n} seeds: {toward if v['direction'] == v['separation_side'] else away}"
+    consistency = "" if k == n else " (not in every seed)"
+    return f"{side} the null in {k}/{n} seeds: {toward if v['direction'] == v['separation_side'] else away}{consistency}"

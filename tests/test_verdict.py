@@ -22,7 +22,7 @@ def test_fisher_combination_matches_the_chi_square_formula():
 def test_a_seed_significant_on_the_other_side_does_not_count_as_agreement():
     v = combine_seeds([0.03, 0.03, 0.15], [0.1, 0.1, 0.1], [0.001, 0.001, 0.001], [-5, -5, 5], side="less")
     assert v["effect"]["mean"] < 0 and v["n_significant_same_side"] == 2
-    assert reading(v) == "below the null in 2/3 seeds: separated"
+    assert reading(v) == "below the null in 2/3 seeds: separated (not in every seed)"
 
 
 def test_readings_in_plain_words():
