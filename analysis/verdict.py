@@ -115,11 +115,11 @@ def combine_seeds(observed: list[float], null_mean: list[float], p: list[float],
             "separation_side": side}
 
 
-def _logged(run: Run, key: str, at: str = "end") -> float | None:
-    if key not in run.series:
+def _logged(run: Run, key: str) -> float | None:
+    """The last logged value (None if the run never logged key)."""
+    if key not in run.series or not len(run.series[key][1]):
         return None
-    steps, values = run.series[key]
-    return float(values[0] if at == "init" else values[-1]) if len(values) else None
+    return float(run.series[key][1][-1])
 
 
 def _logged_init(run: Run, key: str) -> float | None:

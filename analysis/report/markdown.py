@@ -87,9 +87,10 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
     """Markdown tables of analysis.verdict.group_verdict results (input figures limited to ``figures`` if given)."""
     n_draws = verdicts[0].get("n_draws")
     lines = [f"Final weights of every run against the spectra-keeping null ({n_draws} Haar rotations of P relative to E; "
-             f"two-sided p per seed, floor 2/(draws + 1) = {fmt(2 / (n_draws + 1), 2)}). Effect = observed − null mean, mean ± std over seeds "
-             "(the seed spread). Fisher p combines the seeds' p-values (is any seed off its null); the reading counts seeds "
-             f"with p < {verdict.SIGNIFICANCE} on the side of the mean effect. Step 0 = the logged value at initialisation.", ""]
+             f"two-sided p per seed, floor 2/(draws + 1) = {fmt(2 / (n_draws + 1), 2)}). Effect = observed − null mean, "
+             "mean ± std over seeds (the seed spread). Fisher p combines the seeds' p-values (is any seed off its null); "
+             f"the reading counts seeds with p < {verdict.SIGNIFICANCE} on the side of the mean effect. "
+             "Step 0 = the logged value at initialisation.", ""]
     rows = []
     for v in verdicts:
         for figure, title, _ in verdict.INPUT_FIGURES:
