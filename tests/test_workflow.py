@@ -230,6 +230,7 @@ def test_control_arms_get_their_own_run_names():
     assert names == {"baseline": "decoder-learned-s1", "untied_head": "decoder-learned-untied_head-s1",
                      "mixed_init": "decoder-learned-mixed_init-s1"}
     assert compose_train_config(["pe=rope"]).run_name == "decoder-rope-s0"  # no control arm: the name as before
+    assert compose_train_config(["control=learned_baseline"]).run_name == "decoder-learned-s0"
 
 
 def test_summary_names_loss_geometry_against_chance_and_the_next_commands(tmp_path):

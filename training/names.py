@@ -29,8 +29,10 @@ def run_folder_name(experiment: str | None, model: str, pe: str, overrides: str 
 
 def arm_name(model: str, pe: str, control: str | None = None) -> str:
     """``decoder-learned``, or ``decoder-learned-untied_head`` for a control arm: a sweep's run names and
-    job folders must tell its arms apart (configs/control/; ``baseline`` is the study itself)."""
-    return "-".join(str(part) for part in (model, pe, control) if part not in (None, "", "None", "null", "baseline"))
+    job folders must tell its arms apart (configs/control/; ``baseline`` and ``<pe>_baseline`` are the study itself)."""
+    if control is not None and (str(control) == "baseline" or str(control).endswith("_baseline")):
+        control = None
+    return "-".join(str(part) for part in (model, pe, control) if part not in (None, "", "None", "null"))
 
 
 OmegaConf.register_new_resolver("run_folder_name", run_folder_name, replace=True)
