@@ -153,12 +153,14 @@ def key_figures_section(data: ReportData) -> list[str]:
     lines = ["## Key figures", ""]
     n_layers = max((n_layers_of(g) or 0) for g in groups)
     probe = names.last_block_input(n_layers)
-    key_cols = [(names.input_metric("abs_cos_mean"), "mean abs cos (word, pos)"), (names.input_metric("overlap_k8"), "overlap top-8"),
-                (names.hidden_metric(probe, "position_probe_r2"), f"position probe R², {names.layer_title(probe, n_layers)} (last block)")]
     logged = {k for r in runs for k in r.series}
+    probe_key = names.hidden_metric(probe, "position_r2")  # the powered probe; older runs logged only the 8-block one
+    probe_key = probe_key if probe_key in logged else names.hidden_metric(probe, "position_probe_r2")
+    key_cols = [(names.input_metric("abs_cos_mean"), "mean abs cos (word, pos)"), (names.input_metric("overlap_k8"), "overlap top-8"),
+                (probe_key, f"position probe R², {names.layer_title(probe, n_layers)} (last block)")]
     key_cols = [(k, name) for k, name in key_cols if k in logged or (names.parse(k).section == "input" and any(
         x.startswith("geometry/") for x in logged))]
-    header = ["PE type", "final val loss"] + [f"{name}: init → end (chance)" for _, name in key_cols]
+    header = ["PE type", "final val loss"] + [f"{name}: init → end (chance or null mean)" for _, name in key_cols]
     rows = []
     for g in groups:
         val = stats([r.series["val/loss"][1][-1] for r in g.runs if "val/loss" in r.series])
@@ -168,7 +170,7 @@ def key_figures_section(data: ReportData) -> list[str]:
             if s is None:
                 row.append("n/a (no position table)" if names.parse(key).section == "input" else "–")
                 continue
-            chance = s.get("chance", {}).get("end", {}).get("mean")
+            chance = (s.get("chance") or s.get("null_mean") or {}).get("end", {}).get("mean")  # the probe's is a null
             row.append(f"{fmt(s['init']['mean'])} → {fmt(s['end']['mean'])} ({fmt(chance)})")
         rows.append(row)
     lines += md_table(header, rows)
