@@ -56,3 +56,14 @@ def test_verdict_script_puts_several_reports_in_one_table(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "empty")])
     assert "has no verdict" in capsys.readouterr().err
+
+
+def test_a_literal_bar_in_a_cell_does_not_split_the_markdown_table():
+    """"mean |cos|" in a cell once split it in two: every row must have as many cells as the header."""
+    import re
+
+    from analysis.report.tables import md_table
+
+    lines = md_table(["figure", "end"], [["mean |cos| over pairs", "0.1"], ["overlap", "0.2"], ["already \\| escaped", "0.3"]])
+    counts = {len(re.split(r"(?<!\\)\|", line)) for line in lines if line}
+    assert counts == {4}  # leading and trailing bar + one separator between two cells

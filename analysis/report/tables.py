@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from analysis.metric_names import COMPANIONS, MetricName
 from analysis.runs import Group
@@ -28,9 +29,14 @@ def fmt_stats(s: dict, digits: int = 4) -> str:
     return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], 2)}"
 
 
+def _cell(value) -> str:
+    """A table cell: a literal | (as in "mean |cos|") escaped, or markdown would split the cell there."""
+    return re.sub(r"(?<!\\)\|", r"\\|", str(value))
+
+
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return lines + [""]
 
 
