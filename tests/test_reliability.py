@@ -280,7 +280,7 @@ BAD_INPUTS = {
     "val_check_interval_zero": (ConfigError, r"trainer.val_check_interval=0 must be a positive number of steps or a fraction"),
     "accumulate_zero": (ConfigError, r"trainer.accumulate_grad_batches=0 must be an integer >= 1"),
     "geometry_n_tokens_zero": (ConfigError, r"callbacks.geometry.n_tokens=0 must be an integer >= 1"),
-    "max_steps_null": (ConfigError, r"trainer.max_steps=null: give a positive number of steps"),
+    "max_steps_null": (ConfigError, r"trainer.max_steps=null must be a positive number of steps"),
     "val_fraction_above_one": (ConfigError, r"data.corpus.val_fraction=1.5 must be a fraction in \(0, 1\)"),
 }
 # Cases that are a single override (the others build files or checkpoints first).

@@ -143,11 +143,16 @@ def write_run_info(cfg: DictConfig, output_dir: Path, datamodule, model: torch.n
 
 
 def check_writable(output_dir: Path) -> None:
+    """One line at start when the run folder cannot take a file: read-only, full, or a file in the way."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        # One probe per process (DDP ranks probe the same folder), named like the temp files a run start sweeps.
+        probe = output_dir / f".write-test.{os.getpid()}.tmp"
+        try:
+            probe.write_bytes(b"ok")  # on a full disk the file is made, and the write fails when flushed
+        finally:
+            if probe.exists():
+                probe.unlink()
     except OSError as err:
         raise ConfigError(f"paths.output_dir={output_dir} is not writable ({err.strerror})") from None
 
@@ -244,7 +249,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if saved is None:
             log.warning("%s carries no run config: resuming with the config as given, unchecked", ckpt_path)
         else:
-            resume_changes = apply_resume_config(cfg, saved, overrides, ckpt_path)
+            resume_changes = apply_resume_config(cfg, saved, overrides, ckpt_path, output_dir)
         log.info("resuming %s at step %d: continuing in %s", ckpt_path, resume_step, output_dir)
         with open_dict(cfg):
             cfg.paths.output_dir = str(output_dir)  # checkpoints and logs continue in the original run

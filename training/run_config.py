@@ -1,15 +1,17 @@
 """The run's resolved config travels inside every checkpoint, and a resume is checked against it.
 
-A resume rebuilds the model, PE, embedding, attention, data and optimiser settings from the
-checkpoint's ``run_config``, so ``python train.py ckpt_path=<a RoPE run>/checkpoints/last.ckpt``
-continues a RoPE model whatever the defaults say. A command-line override that contradicts the
-checkpoint on one of those settings is one error naming every differing key, raised before anything
-in the run directory is written. Everything else (``trainer.max_steps``, logger and callback
-cadence, devices) may change on resume; the changes are recorded in ``config-resume-step<N>.yaml``.
+A resume trains with the checkpoint's ``run_config``, every key of it, except what the command line sets
+explicitly: ``python train.py ckpt_path=<run>/checkpoints/last.ckpt`` continues the run as it was configured
+(its model and PE, but also its ``trainer.max_steps``, cadences and loggers), whatever the defaults say.
+An override that contradicts the checkpoint on a setting that defines what is trained (``FIXED_ON_RESUME``)
+is one error naming every differing key, raised before anything in the run directory is written. Other
+overrides (``trainer.max_steps=2000``, a logger, a cadence, devices) apply; the changes are recorded in
+``config-resume-step<N>.yaml``.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -48,11 +50,36 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
+def _global_group_keys(group: str, option: str, seen: frozenset[str] = frozenset()) -> set[str]:
+    """Every dotted key a ``@package _global_`` option (``experiment=quick``, ``control=untied_head``) sets:
+    its own keys, the groups its ``defaults`` override (``override /pe: learned`` sets ``pe``), and
+    the keys of the options of its own group that it extends (``controls_learned`` extends ``orthogonality``)."""
+    path = CONFIG_GROUPS_DIR / group / f"{option}.yaml"
+    if not path.is_file() or f"{group}/{option}" in seen:
+        return set()
+    node = OmegaConf.to_container(OmegaConf.load(path))
+    keys: set[str] = set()
+    for entry in node.pop("defaults", None) or []:
+        if isinstance(entry, str) and entry != "_self_":
+            keys |= _global_group_keys(group, entry, seen | {f"{group}/{option}"})
+        elif isinstance(entry, dict):
+            for target in entry:
+                name = str(target).removeprefix("override").strip().lstrip("/")
+                if name and not name.startswith("hydra"):
+                    keys.add(name.replace("/", "."))
+    node.pop("hydra", None)
+    return keys | set(flatten(node))
+
+
+GLOBAL_GROUPS = ("experiment", "control")  # groups whose options write anywhere in the config (@package _global_)
+
+
 def overridden_keys(overrides: Iterable[str]) -> set[str]:
     """The dotted keys a list of Hydra command-line overrides sets.
 
     ``model.d_model=64`` sets ``model.d_model``; a group choice (``pe=rope``) sets the whole ``pe``
-    subtree; ``experiment=quick`` sets every key of that experiment file. ``hydra.*`` is ignored.
+    subtree; ``experiment=quick`` and ``control=untied_head`` set every key of their file (and the groups
+    its defaults override). ``hydra.*`` is ignored.
     """
     keys: set[str] = set()
     for override in overrides:
@@ -60,12 +87,9 @@ def overridden_keys(overrides: Iterable[str]) -> set[str]:
         key = key.lstrip("~+")
         if key.startswith("hydra") or "/" in key:
             continue
-        if key == "experiment" and value not in ("", "null"):
-            path = CONFIG_GROUPS_DIR / "experiment" / f"{value}.yaml"
-            if path.is_file():
-                node = OmegaConf.to_container(OmegaConf.load(path))
-                node.pop("defaults", None)
-                keys |= set(flatten(node))
+        if key in GLOBAL_GROUPS:
+            if value not in ("", "null"):
+                keys |= _global_group_keys(key, value)
             continue
         keys.add(key)
     return keys
@@ -93,13 +117,126 @@ def saved_run_config(checkpoint: dict, ckpt_path: Path) -> dict[str, Any] | None
     return None
 
 
-def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Iterable[str], ckpt_path: Path) -> dict[str, tuple]:
-    """Rebuild ``cfg``'s fixed settings from ``saved``; returns the free keys that changed ``{key: (old, new)}``.
+def _get(tree: dict, key: str, missing: Any = None) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return missing
+        node = node[part]
+    return node
 
-    Raises ConfigError listing every fixed key the overrides contradict.
+
+def _set(tree: dict, key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def _delete(tree: dict, key: str) -> None:
+    *parents, leaf = key.split(".")
+    node = _get(tree, ".".join(parents)) if parents else tree
+    if isinstance(node, dict):
+        node.pop(leaf, None)
+
+
+_ABSENT = object()
+COLLECTIONS = ("logger", "callbacks")  # groups whose members are the choice itself: a member the run had not is not added
+
+
+def _relocate(node: Any, old: str, new: str) -> Any:
+    """Paths inside the run folder follow the folder (a run moved or copied elsewhere resumes in place)."""
+    if isinstance(node, dict):
+        return {k: _relocate(v, old, new) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_relocate(v, old, new) for v in node]
+    if isinstance(node, str) and old and (node == old or node.startswith(old.rstrip("/") + "/")):
+        return new + node[len(old):]
+    return node
+
+
+def _fill_new_settings(run: dict, now: dict, path: str = "") -> None:
+    """Settings the code gained after the checkpoint was written (a new callback option, say) take their default;
+    never inside a node built from another class, and never a logger or callback the run did not have."""
+    if isinstance(run.get("_target_"), str) and run.get("_target_") != now.get("_target_"):
+        return
+    for key, value in now.items():
+        if key not in run:
+            if path not in COLLECTIONS:
+                run[key] = value
+        elif isinstance(run[key], dict) and isinstance(value, dict):
+            _fill_new_settings(run[key], value, f"{path}.{key}" if path else key)
+
+
+def _derived_keys(raw: dict, prefix: str = "") -> list[str]:
+    """Keys whose composed value is an interpolation (``data.seed: ${seed}``, ``data.cache_dir: ${paths.cache_dir}/data``)."""
+    keys = []
+    for key, value in raw.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            keys += _derived_keys(value, full + ".")
+        elif isinstance(value, str) and "${" in value:
+            keys.append(full)
+    return keys
+
+
+def resumed_config(current_raw: dict, saved: dict, overridden: set[str], run_dir: Path) -> dict:
+    """The config a resume trains with: the checkpoint's, with what the command line set explicitly.
+
+    - every key the overrides set (``trainer.max_steps=400``, ``logger=csv``, ``~callbacks.sample``) comes from
+      the command line; every other key from the checkpoint, so the printed resume command
+      (``ckpt_path=...`` alone) continues the run exactly as it was configured;
+    - paths inside the original run folder are moved to where the folder is now;
+    - a key that was derived (``data.seed: ${seed}``) stays derived where it resolves to the checkpoint's
+      value, so that overriding its source (``paths.cache_dir=...``) moves it too.
     """
+    merged = _relocate(copy.deepcopy(saved), str(_get(saved, "paths.output_dir") or ""), str(run_dir))
+    _set(merged, "paths.output_dir", str(run_dir))
+    derived = _still_derived(merged, current_raw)  # judged on the run's own values, before any override
+    for key in sorted(overridden, key=len):
+        value = _get(current_raw, key, _ABSENT)
+        if value is _ABSENT:
+            _delete(merged, key)
+        else:
+            _set(merged, key, copy.deepcopy(value))
+    for key in derived:
+        if not any(key == o or key.startswith(o + ".") for o in overridden) and _get(merged, key, _ABSENT) is not _ABSENT:
+            _set(merged, key, _get(current_raw, key))
+    _fill_new_settings(merged, current_raw)
+    merged["ckpt_path"] = current_raw.get("ckpt_path")
+    return merged
+
+
+def _still_derived(run: dict, current_raw: dict) -> list[str]:
+    """The keys that are interpolations now (``data.cache_dir: ${paths.cache_dir}/data``) and that, resolved
+    against the run's own config, give the run's value: they were derived in the run too, so they stay derived."""
+    candidates = [k for k in _derived_keys(current_raw) if _get(run, k, _ABSENT) is not _ABSENT]
+    trial = copy.deepcopy(run)
+    for key in candidates:
+        _set(trial, key, _get(current_raw, key))
+    resolved = OmegaConf.create(trial)
+    derived = []
+    for key in candidates:
+        try:
+            if OmegaConf.select(resolved, key) == _get(run, key):
+                derived.append(key)
+        except Exception:  # noqa: BLE001, S112 - an interpolation that cannot resolve here keeps the checkpoint's value
+            continue
+    return derived
+
+
+def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Iterable[str], ckpt_path: Path,
+                        run_dir: Path | None = None) -> dict[str, tuple]:
+    """Make ``cfg`` the checkpoint's config plus the command line's explicit overrides (``resumed_config``);
+    returns what differs from the checkpoint ``{key: (old, new)}``.
+
+    Raises ConfigError listing every fixed key the overrides contradict, before ``cfg`` is touched.
+    """
+    run_dir = Path(run_dir if run_dir is not None else cfg.paths.output_dir)
+    overridden = overridden_keys(overrides)
     current = OmegaConf.to_container(cfg, resolve=True)
-    bad = contradictions(current, saved, overridden_keys(overrides))
+    bad = contradictions(current, saved, overridden)
     if bad:
         listed = "; ".join(f"{k}: checkpoint {old!r}, command line {new!r}" for k, (old, new) in bad.items())
         raise ConfigError(
@@ -107,21 +244,17 @@ def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Itera
             f"{', '.join(FIXED_ON_RESUME)} from the checkpoint (it may change {', '.join(FREE_WITHIN_FIXED)}, trainer.max_steps, "
             "logger, callbacks, paths and devices); drop those overrides, or start a new run without ckpt_path"
         )
+    merged = resumed_config(OmegaConf.to_container(cfg, resolve=False), saved, overridden, run_dir)
     with open_dict(cfg):
-        for top in ("model", "pe", "embedding", "attention", "data", "optimizer", "seed", "run_name"):
-            if top in saved:
-                free = {k: OmegaConf.select(cfg, k) for k in FREE_WITHIN_FIXED if k.startswith(top + ".")}
-                cfg[top] = saved[top]
-                for key, value in free.items():
-                    OmegaConf.update(cfg, key, value, force_add=True)
-        for key in ("precision", "accumulate_grad_batches", "gradient_clip_val"):
-            if key in saved.get("trainer", {}):
-                cfg.trainer[key] = saved["trainer"][key]
+        for key in [k for k in cfg if k not in merged]:
+            del cfg[key]
+        for key, value in merged.items():
+            cfg[key] = value
     flat_now, flat_saved = flatten(OmegaConf.to_container(cfg, resolve=True)), flatten(saved)
     return {
-        k: (flat_saved.get(k), flat_now.get(k))
+        k: (flat_saved.get(k, "<absent>"), flat_now.get(k, "<absent>"))
         for k in sorted(set(flat_now) | set(flat_saved))
-        if flat_now.get(k) != flat_saved.get(k) and k not in ("ckpt_path", "paths.output_dir")
+        if flat_now.get(k, _ABSENT) != flat_saved.get(k, _ABSENT) and k not in ("ckpt_path", "paths.output_dir")
     }
 
 

@@ -1,0 +1,120 @@
+"""A resume continues the run as it was configured: every setting from the checkpoint unless the
+command line sets it; contradictions (control arms included) refused before anything is written."""
+
+from __future__ import annotations
+
+import copy
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.conftest import compose_train_config, tiny_train_config
+from training.pipeline import train
+from training.run_config import overridden_keys, resumed_config
+from training.validate import ConfigError
+
+SIX_STEPS = ["trainer.max_steps=6", "trainer.val_check_interval=3", "callbacks.checkpoint.every_n_train_steps=2",
+             "optimizer.warmup_steps=2", "~callbacks.geometry", "~callbacks.sample", "~callbacks.throughput"]
+
+
+def series(run: Path, column: str) -> dict[int, float]:
+    with open(run / "csv" / "metrics.csv", newline="") as f:
+        return {int(r["step"]): float(r[column]) for r in csv.DictReader(f) if r.get(column)}
+
+
+def test_the_printed_resume_command_alone_continues_the_run_as_configured(tmp_path, tiny_corpus, cache_dir):
+    """``ckpt_path=...`` and nothing else: max_steps, the LR schedule, cadences, data and logger of the run, not the defaults
+    (before: 1200 steps of the default schedule, lr off by 9e-4 and train/loss by 0.28)."""
+    train(tiny_train_config(tmp_path / "straight", tiny_corpus, cache_dir, SIX_STEPS))
+    train(tiny_train_config(tmp_path / "cut", tiny_corpus, cache_dir, [*SIX_STEPS, "trainer.max_steps=6"]))
+    run = tmp_path / "cut" / "run"
+    step2 = run / "checkpoints" / "step000002.ckpt"
+    # exactly what an interrupted run prints: no group, no size, no cache, no max_steps on the command line
+    resume = compose_train_config([f"ckpt_path={step2}"], output_dir=tmp_path / "hydra-dir-of-the-resume")
+    train(resume)
+
+    assert resume.trainer.max_steps == 6 and resume.data.corpus.train_files == [str(tiny_corpus["train"])]
+    assert "wandb" not in resume.logger and "geometry" not in resume.callbacks  # the run's loggers and callbacks only
+    final = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert final["global_step"] == 6
+    straight = tmp_path / "straight" / "run"
+    for column in ("train/loss", "lr-AdamW/pg1", "val/loss"):
+        a, b = series(straight, column), series(run, column)
+        assert sorted(a) == sorted(b) and a, column
+        assert max(abs(a[s] - b[s]) for s in a) == 0, (column, a, b)
+    assert not (tmp_path / "hydra-dir-of-the-resume" / "checkpoints").exists()
+
+
+@pytest.fixture(scope="module")
+def tied_run(tmp_path_factory, tiny_corpus, cache_dir) -> Path:
+    root = tmp_path_factory.mktemp("tied")
+    train(tiny_train_config(root, tiny_corpus, cache_dir, ["pe=learned", "callbacks=no_geometry", "~callbacks.sample"]))
+    return root / "run"
+
+
+@pytest.mark.parametrize("control,key", [("untied_head", "embedding.tie_weights"), ("no_decay", "optimizer.no_decay_embeddings"),
+                                         ("mixed_init", "pe.init"), ("word_norm", "pe._target_")])
+def test_a_control_arm_that_contradicts_the_checkpoint_is_refused(control, key, tied_run, tmp_path):
+    before = {p: p.stat().st_mtime_ns for p in tied_run.rglob("*")}
+    cfg = compose_train_config([f"control={control}", f"ckpt_path={tied_run}/checkpoints/last.ckpt"], tmp_path / "resume")
+    with pytest.raises(ConfigError, match=rf"{key}: checkpoint .*, command line "):
+        train(cfg)
+    assert {p: p.stat().st_mtime_ns for p in tied_run.rglob("*")} == before
+
+
+def test_control_files_name_every_key_they_set():
+    assert {"embedding.tie_weights"} == overridden_keys(["control=untied_head"])
+    assert {"pe", "pe.init", "pe.init_k"} == overridden_keys(["control=mixed_init"])
+    assert "pe" in overridden_keys(["experiment=controls_learned"])  # its defaults override /pe
+    assert "model.d_model" in overridden_keys(["experiment=controls_learned"])  # ... and it extends orthogonality
+
+
+SAVED = {
+    "seed": 3, "ckpt_path": None, "run_name": "decoder-rope-s3",
+    "paths": {"output_dir": "/old/place/run", "cache_dir": "/old/cache"},
+    "data": {"seed": 3, "cache_dir": "/old/cache/data", "seq_len": 16},
+    "pe": {"_target_": "model.RotaryPE", "base": 10000.0},
+    "trainer": {"max_steps": 60, "default_root_dir": "/old/place/run"},
+    "logger": {"csv": {"_target_": "training.callbacks.ResumableCSVLogger", "save_dir": "/old/place/run"}},
+    "callbacks": {"checkpoint": {"every_n_train_steps": 20, "dirpath": "/old/place/run/checkpoints"}},
+}
+NOW = {  # as composed (unresolved) by `python train.py ckpt_path=...`: the defaults
+    "seed": 0, "ckpt_path": "/new/place/run/checkpoints/last.ckpt", "run_name": "${arm:decoder,sinusoidal}-s${seed}",
+    "paths": {"output_dir": "/tmp/hydra-stub", "cache_dir": "/new/cache"},
+    "data": {"seed": "${seed}", "cache_dir": "${paths.cache_dir}/data", "seq_len": 128},
+    "pe": {"_target_": "model.SinusoidalPE", "max_len": 512},
+    "trainer": {"max_steps": 1200, "default_root_dir": "${paths.output_dir}", "precision": "32-true"},
+    "logger": {"csv": {"_target_": "training.callbacks.ResumableCSVLogger", "save_dir": "${paths.output_dir}"},
+               "wandb": {"_target_": "lightning.pytorch.loggers.WandbLogger"}},
+    "callbacks": {"checkpoint": {"every_n_train_steps": 200, "dirpath": "${paths.output_dir}/checkpoints", "save_last": True},
+                  "sample": {"_target_": "training.sample.SampleTextCallback"}},
+    "matmul_precision": "highest",
+}
+
+
+def test_the_resumed_config_is_the_checkpoint_plus_explicit_overrides():
+    now = copy.deepcopy(NOW)
+    now["callbacks"]["checkpoint"]["every_n_train_steps"] = 10  # as composed with the override below
+    merged = resumed_config(now, SAVED, overridden_keys(["paths.cache_dir=/new/cache", "callbacks.checkpoint.every_n_train_steps=10"]),
+                            Path("/new/place/run"))
+    assert merged["trainer"]["max_steps"] == 60 and merged["pe"] == SAVED["pe"] and merged["seed"] == 3
+    assert merged["callbacks"]["checkpoint"]["every_n_train_steps"] == 10  # the explicit override wins
+    assert merged["callbacks"]["checkpoint"]["save_last"] is True  # a setting the checkpoint predates takes its default
+    assert "wandb" not in merged["logger"] and "sample" not in merged["callbacks"]  # never a logger/callback the run did not have
+    assert merged["matmul_precision"] == "highest" and merged["trainer"]["precision"] == "32-true"
+    # paths inside the run folder follow the folder; a derived key follows its overridden source
+    assert merged["trainer"]["default_root_dir"] == "${paths.output_dir}" and merged["paths"]["output_dir"] == "/new/place/run"
+    assert merged["callbacks"]["checkpoint"]["dirpath"] == "${paths.output_dir}/checkpoints"
+    assert merged["data"]["cache_dir"] == "${paths.cache_dir}/data" and merged["paths"]["cache_dir"] == "/new/cache"
+    assert merged["data"]["seed"] == "${seed}" and merged["run_name"] == "decoder-rope-s3"  # derived from choices: kept as saved
+    assert merged["ckpt_path"] == NOW["ckpt_path"]
+
+
+def test_a_run_folder_moved_elsewhere_resumes_in_its_new_place():
+    merged = OmegaConf.to_container(OmegaConf.create(resumed_config(NOW, SAVED, set(), Path("/new/place/run"))), resolve=True)
+    assert merged["logger"]["csv"]["save_dir"] == "/new/place/run"  # moved with the folder
+    assert merged["callbacks"]["checkpoint"]["dirpath"] == "/new/place/run/checkpoints"
+    assert merged["data"]["cache_dir"] == "/old/cache/data"  # outside the run folder, not overridden: as it was
