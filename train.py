@@ -32,12 +32,16 @@ def main(cfg: DictConfig) -> float | None:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from data.corpus import CorpusError
-    from training.interrupt import received_signal
+    from training.interrupt import ignore_signals_once_finished, received_signal
     from training.pipeline import resume_command, train
+    from training.storage import quiet_log_file_errors, storage_failure
     from training.task import NonFiniteLossError
     from training.validate import ConfigError
 
+    quiet_log_file_errors()  # a train.log on a full disk: one warning line, not a traceback per record
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    if not in_sweep:  # this process ends with its run: a signal once training has finished still exits 0
+        ignore_signals_once_finished()
     try:
         metrics = train(cfg)
     except SIGTERMException:
@@ -55,6 +59,8 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(128 + signal.SIGINT)
     except Exception as err:  # noqa: BLE001 - in a sweep every failure is reported, not only the expected ones
         code = 1 if isinstance(err, NonFiniteLossError) else 2 if isinstance(err, (ConfigError, CorpusError)) else None
+        if code is None and (disk := storage_failure(err, cfg)) is not None:
+            err, code = disk, 2  # a full or read-only disk, however Lightning passed it on: one line naming the file
         if code is None:
             if not in_sweep:
                 raise  # an unexpected error in a single run keeps its traceback
@@ -63,22 +69,28 @@ def main(cfg: DictConfig) -> float | None:
         if not in_sweep:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(code)
-        # In a sweep, sys.exit would end every job still to come (Hydra does not catch SystemExit):
-        # report this one and go on; the failures are listed when the sweep ends.
-        hydra_cfg = HydraConfig.get()
-        overrides = " ".join(hydra_cfg.overrides.task) or "no overrides"
-        FAILED_JOBS.append(f"job {hydra_cfg.job.num} ({overrides}): {type(err).__name__}: {err}")
-        print(f"error: sweep {FAILED_JOBS[-1]}", file=sys.stderr)
+        # In a sweep, sys.exit would end every job still to come (Hydra does not catch SystemExit): report this
+        # one and go on. It is recorded in the sweep folder, not in this process: a launcher may run it in a worker
+        # or on another machine; the launching process lists the failures when the sweep ends (training/sweep.py).
+        from training.sweep import record_failed_job
+
+        print(f"error: sweep {record_failed_job(err)}", file=sys.stderr)
         return None
     return metrics.get("val/loss")  # for Hydra sweepers that optimise a value
 
 
-FAILED_JOBS: list[str] = []  # sweep jobs that failed, reported when the sweep ends
+# Hydra flags that answer without running the job, so without making a run folder
+_ANSWERS_ONLY = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion"}
 
 
 def unusable_run_dir(argv: list[str]) -> str | None:
     """Hydra creates ``hydra.run.dir``/``hydra.sweep.dir`` before ``main`` runs and reports a failure
     as a traceback: check an explicitly given one first, so it is one line like any bad input."""
+    sweep = "-m" in argv or "--multirun" in argv
+    dir_key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    creates_run_dir = not any(arg.partition("=")[0] in _ANSWERS_ONLY for arg in argv)
+    if creates_run_dir and not any(arg.partition("=")[0].lstrip("+") == dir_key for arg in argv):
+        argv = [*argv, f"{dir_key}={'multirun' if sweep else 'outputs'}"]  # the default (configs/hydra/default.yaml), under the cwd
     for arg in argv:
         key, sep, value = arg.partition("=")
         value = value.strip("'\"")
@@ -100,7 +112,7 @@ if __name__ == "__main__":
     if problem := unusable_run_dir(sys.argv[1:]):
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
-    main()
-    if FAILED_JOBS:
-        print(f"error: {len(FAILED_JOBS)} sweep job(s) failed:", *(f"  {line}" for line in FAILED_JOBS), sep="\n", file=sys.stderr)
-        sys.exit(1)
+    from training.resume_staging import stage_resume
+
+    sys.argv[1:] = stage_resume(sys.argv[1:])  # a resume writes nothing until its checks pass, then logs into its run
+    main()  # a sweep with failed jobs lists them and exits 1 (training/sweep.py's SweepReport, a Hydra callback)

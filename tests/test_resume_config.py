@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import copy
 import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import compose_train_config, tiny_train_config
+from tests.conftest import ROOT, compose_train_config, tiny_train_config
+from tests.test_reliability import corpus_args
 from training.pipeline import train
 from training.run_config import overridden_keys, resumed_config
 from training.validate import ConfigError
@@ -118,3 +122,36 @@ def test_a_run_folder_moved_elsewhere_resumes_in_its_new_place():
     assert merged["logger"]["csv"]["save_dir"] == "/new/place/run"  # moved with the folder
     assert merged["callbacks"]["checkpoint"]["dirpath"] == "/new/place/run/checkpoints"
     assert merged["data"]["cache_dir"] == "/old/cache/data"  # outside the run folder, not overridden: as it was
+
+
+# -- through the command line ---------------------------------------------------------------------
+def _train_py(args: list[str], cwd: Path, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PE_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow  # runs train.py in subprocesses
+def test_a_resume_writes_nothing_until_its_checks_pass_then_logs_into_its_run(tmp_path, tiny_corpus, cache_dir):
+    run = tmp_path / "run"
+    args = [*corpus_args(tiny_corpus), "logger=csv", "callbacks=no_geometry", "~callbacks.sample", "model.d_model=32",
+            "model.n_layers=1", "data.seq_len=16", "data.batch_size=4", "data.vocab_size=300", "trainer.max_steps=8",
+            "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "callbacks.checkpoint.every_n_train_steps=4"]
+    assert _train_py([*args, f"hydra.run.dir={run}"], tmp_path, cache_dir).returncode == 0
+    before = _files(run)
+    # refused (a contradicting override) with Hydra pointed at the run itself: not one byte of the run changes
+    refused = _train_py([f"ckpt_path={run}/checkpoints/step000004.ckpt", f"hydra.run.dir={run}", "model.d_model=64"], tmp_path, cache_dir)
+    assert refused.returncode == 2 and "model.d_model: checkpoint 32, command line 64" in refused.stderr
+    assert _files(run) == before
+    # the printed resume command: no stub folder anywhere, the log continues in the run, the run ends where it was set to
+    resumed = _train_py([f"ckpt_path={run}/checkpoints/step000004.ckpt"], tmp_path, cache_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no outputs/<time>_... beside it
+    log = (run / "train.log").read_text()
+    assert log.startswith(before["train.log"].decode()) and "---- resumed at step 4" in log and "run summary" in log.split("resumed at")[1]
+    assert (run / ".hydra" / "resume-step4" / "overrides.yaml").is_file() and (run / ".hydra" / "config.yaml").read_bytes() == before[
+        ".hydra/config.yaml"]
+    assert torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 8

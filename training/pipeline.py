@@ -28,6 +28,7 @@ from training import wandb_run  # noqa: E402
 from training.callbacks import AtomicCheckpointIO, remove_partial_writes  # noqa: E402
 from training.interrupt import GracefulStop  # noqa: E402
 from training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
+from training.resume_staging import adopt_staged_output  # noqa: E402
 from training.run_config import RunConfigInCheckpoint, apply_resume_config, saved_run_config  # noqa: E402
 from training.summary import geometry_records, run_summary  # noqa: E402
 from training.task import LanguageModelTask  # noqa: E402
@@ -230,6 +231,14 @@ def build_callbacks(cfg: DictConfig, run_config: dict, has_logger: bool) -> list
     return [*callbacks, RunConfigInCheckpoint(run_config), ValidateAtEnd(), GracefulStop()]
 
 
+def check_batch_fits(cfg: DictConfig, datamodule) -> None:
+    """A batch larger than the training split is a typo (data.batch_size=1e9 trained on every block at once)."""
+    blocks = max(0, (datamodule.n_tokens("train") - 1) // int(cfg.data.seq_len))
+    if int(cfg.data.batch_size) > blocks:
+        raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the training split, which holds {blocks} blocks "
+                          f"of data.seq_len={cfg.data.seq_len} tokens; valid: 1 to {blocks}")
+
+
 def resume_command(cfg: DictConfig) -> str:
     """The override that continues this run from its last checkpoint: ``ckpt_path=<run>/checkpoints/last.ckpt``."""
     return shlex.quote(f"ckpt_path={Path(cfg.paths.output_dir) / 'checkpoints' / 'last.ckpt'}")
@@ -257,6 +266,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     del state
     check_config(cfg)
     check_writable(output_dir)
+    if resume_step is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        adopt_staged_output(output_dir, resume_step)  # the checks passed: the resume's .hydra/ and log join its run
     if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:  # DDP's other ranks start later
         remove_partial_writes(output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -267,6 +278,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"data._target_={cfg.data._target_} did not build a LightningDataModule")
     datamodule.prepare_data()
     datamodule.setup("fit")
+    check_batch_fits(cfg, datamodule)
     model = build_model(cfg, datamodule)
     if cfg.compile:
         model.compile()

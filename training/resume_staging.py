@@ -1,0 +1,87 @@
+"""A resume writes nothing until its checks pass, then logs into the run it continues.
+
+Hydra makes the job's output folder, writes ``.hydra/*.yaml`` into it and opens ``train.log`` there
+before ``main`` runs. For a resume that folder would be a stub beside the run (and with
+``hydra.run.dir=<run>``, the run's own ``.hydra/`` and ``train.log`` overwritten by a command that is
+then refused). So ``train.py`` points Hydra at a private staging folder for a resume
+(``stage_resume``); once the checkpoint and the config have passed their checks, ``adopt_staged_output``
+moves that folder's ``.hydra/`` to ``<run>/.hydra/resume-step<N>/`` and continues ``<run>/train.log``
+after a segment marker. A refused resume leaves nothing anywhere: the staging folder is removed at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+_staging: Path | None = None  # this process's staging folder, when it stages a resume
+
+
+def _value(argv: list[str], key: str) -> str | None:
+    """The last value given to ``key`` on the command line (Hydra: the last one wins)."""
+    found = None
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        if sep and name.lstrip("+") == key:
+            found = value.strip("'\"")
+    return found
+
+
+def stage_resume(argv: list[str]) -> list[str]:
+    """``argv`` with ``hydra.run.dir`` pointed at a fresh staging folder when it resumes a single run; else as given."""
+    global _staging
+    ckpt = _value(argv, "ckpt_path")
+    if ckpt in (None, "", "null", "None") or "-m" in argv or "--multirun" in argv:
+        return argv
+    if any(arg.startswith("hydra.job.name=train_ddp_process_") for arg in argv):
+        return argv  # a DDP rank Lightning started: it shares rank 0's folder
+    if any(arg.partition("=")[0] in ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc") for arg in argv):
+        return argv  # answers without running
+    extra = []
+    if ckpt == "last":  # "this run folder's last.ckpt": the folder the command names, before Hydra is pointed elsewhere
+        run_dir = _value(argv, "hydra.run.dir")
+        if run_dir is None or "${" in run_dir:
+            return argv  # no folder named: the run's error says there is no checkpoint there
+        extra.append(f"ckpt_path={Path(run_dir).expanduser().absolute() / 'checkpoints' / 'last.ckpt'}")
+    _staging = Path(tempfile.mkdtemp(prefix="pe-geometry-resume-"))
+    atexit.register(shutil.rmtree, _staging, ignore_errors=True)
+    return [*argv, *extra, f"hydra.run.dir={_staging}"]
+
+
+def is_staged(output_dir: Path) -> bool:
+    return _staging is not None and Path(output_dir).resolve() == _staging.resolve()
+
+
+def adopt_staged_output(run_dir: Path, step: int) -> None:
+    """Move the staged ``.hydra/`` into the run and continue its ``train.log`` (after the resume's checks passed)."""
+    global _staging
+    if _staging is None or not _staging.is_dir():
+        return
+    staged, _staging = _staging, None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (staged / ".hydra").is_dir():
+        target = run_dir / ".hydra" / f"resume-step{step}"
+        shutil.rmtree(target, ignore_errors=True)  # the same resume run again: its latest command
+        shutil.copytree(staged / ".hydra", target)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if not isinstance(handler, logging.FileHandler) or Path(handler.baseFilename).parent != staged:
+            continue
+        handler.flush()
+        earlier = Path(handler.baseFilename).read_text()
+        log_file = run_dir / Path(handler.baseFilename).name
+        with open(log_file, "a") as f:
+            f.write(f"---- resumed at step {step}, {datetime.now():%Y-%m-%d %H:%M:%S} ----\n{earlier}")
+        moved = logging.FileHandler(log_file, mode="a")
+        moved.setLevel(handler.level)
+        moved.setFormatter(handler.formatter)
+        for log_filter in handler.filters:
+            moved.addFilter(log_filter)
+        root.removeHandler(handler)
+        handler.close()
+        root.addHandler(moved)
+    shutil.rmtree(staged, ignore_errors=True)
