@@ -17,12 +17,12 @@ tokenizer's vocabulary) stay in ``training.validate``, which calls this first.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import math
 from typing import Annotated, Any, Literal
 
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -284,10 +284,27 @@ SUPPLIED = {
     "model": {"vocab_size", "mask_token_id", "pe", "embedding", "attention"},
     "pe": {"d_model", "n_heads"},
     "embedding": {"vocab_size", "d_model"},
-    "attention": {"d_model", "n_heads", "pe"},
+    "attention": {"d_model", "n_heads", "pe", "dropout"},  # dropout: model.dropout
     "trainer": {"callbacks", "logger", "plugins"},
     "logger": {"resume_step", "config", "group", "job_type", "id", "resume"},
 }
+
+
+def import_class(target: str) -> type:
+    """``a.b.C`` -> the class (the longest importable module prefix, then attributes), quietly: Hydra's
+    ``get_class`` logs its own multi-line error before raising."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        if not isinstance(obj, type):
+            raise ImportError(f"{target} is not a class")
+        return obj
+    raise ImportError(f"no module named {parts[0]!r}")
 
 
 def constructor_keys(cls: type) -> set[str] | None:
@@ -328,7 +345,7 @@ def _errors(key: str, model: type[BaseModel], values: dict[str, Any]) -> tuple[l
             if problem["type"] == "extra_forbidden":
                 valid = sorted(model.model_fields)
                 lines.append((full, f"{full} is not a setting of {key or 'the config'}; valid: {valid}"))
-            elif problem["type"] == "missing":
+            elif problem["type"] == "missing" and field not in values:
                 lines.append((full, f"{full} is missing; it must be {info.description if info else 'set'}"))
             else:
                 shown = values.get(field, problem["input"])
@@ -345,9 +362,9 @@ def check_node(key: str, node: Any, option: str | None = None) -> tuple[list[tup
         return [(key, f"{key}={_show(node)} must be a config node with a _target_ (a class to build)")], {}
     target = str(node["_target_"])
     try:
-        cls = get_class(target)
-    except Exception as err:  # Hydra wraps ImportError/AttributeError in its own types
-        return [(key, f"{key}._target_={target} cannot be imported ({type(err).__name__})")], {}
+        cls = import_class(target)
+    except (ImportError, AttributeError) as err:
+        return [(key, f"{key}._target_={target} cannot be imported ({type(err).__name__}: {err})")], {}
     group = key.split(".", 1)[0]
     settings = {k: v for k, v in node.items() if k not in HYDRA_KEYS and not (isinstance(v, dict) and "_target_" in v)}
     accepted = constructor_keys(cls)
@@ -356,7 +373,8 @@ def check_node(key: str, node: Any, option: str | None = None) -> tuple[list[tup
         unknown = sorted(set(node) - HYDRA_KEYS - accepted)
         if unknown:
             name = f"{group}={option}" if option else f"{key} ({target})"
-            return [(f"{key}.{k}", f"{key}.{k} is not a setting of {name}; valid: {sorted(accepted)}") for k in unknown], {}
+            valid = sorted(accepted) or f"none ({name} has no settings)"
+            return [(f"{key}.{k}", f"{key}.{k} is not a setting of {name}; valid: {valid}") for k in unknown], {}
     model = SETTINGS.get(target)
     if model is None:
         return [], {}
@@ -409,7 +427,7 @@ def check_schema(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None
         # data.seed: ${seed} repeats seed's error: name the key the user set, not the ones that copy it
         own = [line for key, line in problems if not _is_interpolation(cfg, key)]
         raise SchemaError("; ".join(own or [line for _, line in problems]))
-    _write_back(cfg, fixes)
+    _write_back(cfg, fixes, values)
 
 
 def _is_interpolation(cfg: DictConfig, key: str) -> bool:
@@ -418,13 +436,14 @@ def _is_interpolation(cfg: DictConfig, key: str) -> bool:
     return OmegaConf.is_config(node) and leaf in node and OmegaConf.is_interpolation(node, leaf)
 
 
-def _write_back(cfg: DictConfig, fixes: dict[str, Any]) -> None:
-    """Store the coerced values (a tuple becomes a list: OmegaConf has no tuples)."""
+def _write_back(cfg: DictConfig, fixes: dict[str, Any], values: dict[str, Any]) -> None:
+    """Store the values the schema coerced (a tuple becomes a list: OmegaConf has no tuples); a value that was
+    already right, interpolations included, is left as it is."""
     with open_dict(cfg):
         for key, value in fixes.items():
             plain = list(value) if isinstance(value, tuple) else value
-            current = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
-            if OmegaConf.is_config(current):
-                current = OmegaConf.to_container(current, resolve=True)
-            if current != plain or type(current) is not type(plain):  # an interpolation that resolves right stays one
+            given: Any = values
+            for part in key.split("."):
+                given = given.get(part) if isinstance(given, dict) else None
+            if given != plain or type(given) is not type(plain):
                 OmegaConf.update(cfg, key, plain, force_add=True)
