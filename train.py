@@ -68,6 +68,10 @@ def main(cfg: DictConfig) -> float | None:
         log.error("error: %s", err)
         if not in_sweep:
             print(f"error: {err}", file=sys.stderr)
+            if code == 2:  # refused before it wrote anything: no stub folder under outputs/
+                from training.run_folder import remove_stub_run_dir
+
+                remove_stub_run_dir(Path(HydraConfig.get().runtime.output_dir))
             sys.exit(code)
         # In a sweep, sys.exit would end every job still to come (Hydra does not catch SystemExit): report this
         # one and go on. It is recorded in the sweep folder, not in this process: a launcher may run it in a worker
@@ -112,7 +116,7 @@ if __name__ == "__main__":
     if problem := unusable_run_dir(sys.argv[1:]):
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
-    from training.resume_staging import stage_resume
+    from training.run_folder import stage_resume
 
     sys.argv[1:] = stage_resume(sys.argv[1:])  # a resume writes nothing until its checks pass, then logs into its run
     main()  # a sweep with failed jobs lists them and exits 1 (training/sweep.py's SweepReport, a Hydra callback)

@@ -186,3 +186,4 @@ def test_through_the_command_line_a_bad_value_is_one_error_line_exit_2_and_no_ru
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and errors and errors[0].startswith(f"error: {message}") and len(errors) == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no stub outputs/<date>/<time>_.../ with Hydra's .hydra/ and train.log

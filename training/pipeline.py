@@ -28,8 +28,8 @@ from training import wandb_run  # noqa: E402
 from training.callbacks import AtomicCheckpointIO, remove_partial_writes  # noqa: E402
 from training.interrupt import GracefulStop  # noqa: E402
 from training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
-from training.resume_staging import adopt_staged_output  # noqa: E402
 from training.run_config import RunConfigInCheckpoint, apply_resume_config, saved_run_config  # noqa: E402
+from training.run_folder import adopt_staged_output  # noqa: E402
 from training.summary import geometry_records, run_summary  # noqa: E402
 from training.task import LanguageModelTask  # noqa: E402
 from training.validate import ConfigError, check_config  # noqa: E402

@@ -1,4 +1,4 @@
-"""A resume writes nothing until its checks pass, then logs into the run it continues.
+"""Run folders hold runs: a refused command leaves none behind, a resume logs into the run it continues.
 
 Hydra makes the job's output folder, writes ``.hydra/*.yaml`` into it and opens ``train.log`` there
 before ``main`` runs. For a resume that folder would be a stub beside the run (and with
@@ -7,6 +7,8 @@ then refused). So ``train.py`` points Hydra at a private staging folder for a re
 (``stage_resume``); once the checkpoint and the config have passed their checks, ``adopt_staged_output``
 moves that folder's ``.hydra/`` to ``<run>/.hydra/resume-step<N>/`` and continues ``<run>/train.log``
 after a segment marker. A refused resume leaves nothing anywhere: the staging folder is removed at exit.
+A new run refused by its checks (a bad value, an empty corpus) removes the folder Hydra made for it
+(``remove_stub_run_dir``), so ``outputs/`` lists only runs.
 """
 
 from __future__ import annotations
@@ -85,3 +87,24 @@ def adopt_staged_output(run_dir: Path, step: int) -> None:
         handler.close()
         root.addHandler(moved)
     shutil.rmtree(staged, ignore_errors=True)
+
+
+HYDRA_STUB = {".hydra", "train.log"}  # what Hydra writes into a job's folder before the job runs
+
+
+def remove_stub_run_dir(run_dir: Path) -> bool:
+    """Delete ``run_dir`` if it holds only what Hydra wrote there (a run refused before it wrote anything)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - HYDRA_STUB:
+        return False
+    root = logging.getLogger()
+    for handler in list(root.handlers):  # the log file is open: close it first
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
+            root.removeHandler(handler)
+            handler.close()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in run_dir.parents:  # outputs/<date>/ that only this run was in
+        if parent == Path.cwd() or not parent.is_relative_to(Path.cwd()) or any(parent.iterdir()):
+            break
+        parent.rmdir()
+    return True
