@@ -144,6 +144,9 @@ def test_values_are_coerced_to_their_type_and_written_back(tmp_path):
     assert cfg.data.corpus.train_files == ["one.txt"]  # one file, not a list of its characters
     assert cfg.seed == 7 and cfg.data.seed == 7 and type(cfg.optimizer.lr) is float
     assert cfg.trainer.max_steps == 1000 and type(cfg.trainer.max_steps) is int
+    cfg = compose_train_config(["trainer.precision=32", "trainer.devices='1'"], tmp_path)
+    check_config(cfg)  # Lightning's own spellings: an int precision, devices as text
+    assert cfg.trainer.precision == "32" and cfg.trainer.devices == "1"
 
 
 def test_an_accelerator_this_machine_lacks_is_refused(tmp_path, monkeypatch):

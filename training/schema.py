@@ -154,6 +154,11 @@ class TrainerSettings(TargetSettings):
     accelerator: Literal[ACCELERATORS] = what(f"one of {list(ACCELERATORS)}", "auto")  # type: ignore[valid-type]
     devices: int | str | list[int] = what("a positive number of devices, -1 (all), 'auto', or a list of device indices", 1)
 
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_as_text(cls, precision: Any) -> Any:
+        return str(precision) if isinstance(precision, int) and not isinstance(precision, bool) else precision  # 16 -> "16"
+
     @field_validator("devices")
     @classmethod
     def _some_devices(cls, devices: int | str | list[int]) -> int | str | list[int]:
