@@ -8,16 +8,23 @@ last, with each file's size and SHA-256. Every file is written to a temporary
 name and renamed, so an interrupted run never leaves a half-written entry; on
 load every checksum is verified, so a truncated, emptied *or overwritten* file
 is reported and the entry rebuilt.
+
+A write that fails for want of space or permission (a full disk, a read-only mount) raises
+``StorageError``: one line naming the file, which ``train.py`` prints as ``error: ...``. The
+temporary file is removed and the previous file, if any, is left as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -39,18 +46,77 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+# Why a disk write fails for reasons outside the program: no space, a quota, a read-only mount, permissions.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+class StorageError(OSError):
+    """A file could not be written (full disk, read-only mount, ...); ``str()`` is one line naming the file.
+
+    An ``OSError`` (with the cause's errno), so code that handles ``OSError`` still does.
+    """
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()  # without OSError's "[Errno 28] ...: '<path>'" framing
+
+
+def describe_errno(code: int) -> str:
+    """``"no space left on device"`` for ENOSPC: the system's wording, to sit inside a sentence."""
+    reason = os.strerror(code)
+    return reason[:1].lower() + reason[1:]
+
+
+@contextmanager
+def storage_errors(path: Path) -> Iterator[None]:
+    """Re-raise an ``OSError`` from writing ``path`` as a ``StorageError`` that names it (the target, not a temp file)."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        yield
+    except StorageError:
         raise
+    except OSError as err:
+        if err.errno is None:  # not from the system: leave it as it is
+            raise
+        raise StorageError(err.errno, f"{describe_errno(err.errno)} writing {path}", str(path)) from err
+
+
+def _write_all(fd: int, data: bytes, path: Path) -> None:
+    """``os.write`` may take only part of the buffer (a filling disk takes what fits, then fails): loop to the end."""
+    view = memoryview(data)
+    with storage_errors(path):
+        while view:
+            view = view[os.write(fd, view):]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            try:
+                _write_all(fd, data, path)
+                os.fsync(fd)  # a full disk may only say so here (delayed allocation, NFS)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)  # the previous file at ``path`` is untouched
+            raise
+
+
+def append_bytes(path: Path, data: bytes) -> None:
+    """Append ``data`` whole or not at all: a write cut short (a full disk) is cut back off, so the next
+    append does not run on from half a line."""
+    with storage_errors(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # (as open(): the umask applies)
+        try:
+            end = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                _write_all(fd, data, path)
+            except BaseException:
+                os.ftruncate(fd, end)  # shrinking needs no space
+                raise
+        finally:
+            os.close(fd)
 
 
 def _npy_header(dtype: np.dtype, n: int) -> bytes:
@@ -67,25 +133,29 @@ def atomic_write_tokens(path: Path, chunks: Iterable[np.ndarray], dtype: np.dtyp
     The header is written for length 0 and rewritten at the end (numpy pads it, so
     it keeps its size); the checksum covers the file's bytes after the header.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     digest, n_tokens = hashlib.sha256(), 0
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        try:
             header = _npy_header(dtype, 0)
-            f.write(header)
-            for chunk in chunks:
+            _write_all(fd, header, path)
+            for chunk in chunks:  # (batches of documents: large enough to write unbuffered)
                 data = np.ascontiguousarray(chunk, dtype=dtype).tobytes()
                 digest.update(data)
-                f.write(data)
+                _write_all(fd, data, path)
                 n_tokens += len(chunk)
             final_header = _npy_header(dtype, n_tokens)
             assert len(final_header) == len(header), "npy header changed size"
-            f.seek(0)
-            f.write(final_header)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.lseek(fd, 0, os.SEEK_SET)
+            _write_all(fd, final_header, path)
+            with storage_errors(path):
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        with storage_errors(path):
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -136,19 +206,32 @@ class TokenCache:
             log.warning("token cache %s is corrupt (%s: %s); rebuilding it", self.dir, type(err).__name__, err)
             return None
 
+    def _target(self, name: str) -> Path:
+        """Where an entry file is written. Whatever stands in the way (a directory at ``train.npy``, a file
+        where the entry's folder belongs) is removed: the entry is being rebuilt, and its folder is ours."""
+        path = self.dir / name
+        with storage_errors(path):
+            if not self.dir.is_dir() and (self.dir.exists() or self.dir.is_symlink()):  # a file, or a dangling link
+                log.warning("token cache: removing %s, which stands where the entry's folder belongs", self.dir)
+                self.dir.unlink()
+            if path.is_dir() and not path.is_symlink():  # (a symlink is replaced by the rename itself)
+                log.warning("token cache: removing the directory %s, which stands where a cache file belongs", path)
+                shutil.rmtree(path)
+        return path
+
     def save_tokenizer(self, tokenizer: Tokenizer) -> None:
         data = tokenizer.to_str().encode()
-        atomic_write_bytes(self.dir / "tokenizer.json", data)
+        atomic_write_bytes(self._target("tokenizer.json"), data)
         self._meta["vocab_size"] = tokenizer.get_vocab_size()
         self._meta["sha256"]["tokenizer.json"] = hashlib.sha256(data).hexdigest()
 
     def save_tokens(self, split: str, chunks: Iterable[np.ndarray], dtype: np.dtype) -> int:
         """Write one split's token file from id chunks; returns its number of tokens."""
-        n_tokens, checksum = atomic_write_tokens(self.dir / f"{split}.npy", chunks, dtype)
+        n_tokens, checksum = atomic_write_tokens(self._target(f"{split}.npy"), chunks, dtype)
         self._meta["n_tokens"][split] = n_tokens
         self._meta["sha256"][f"{split}.npy"] = checksum
         return n_tokens
 
     def commit(self) -> None:
         """Write meta.json last: only now is the entry complete."""
-        atomic_write_bytes(self.dir / "meta.json", json.dumps(self._meta, indent=2).encode())
+        atomic_write_bytes(self._target("meta.json"), json.dumps(self._meta, indent=2).encode())

@@ -18,7 +18,8 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from data.cache import atomic_write_bytes  # the same temp-file-then-rename writer as the token cache
+# the same temp-file-then-rename writer as the token cache; a full or read-only disk raises StorageError naming the file
+from data.cache import append_bytes, atomic_write_bytes, storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     Lightning's save stages the file in the system temp directory and moves it, which is a copy, not an
     atomic rename, when that directory is on another filesystem (a node's /tmp vs a shared run dir).
-    Remote URLs (``s3://...``) keep Lightning's behaviour.
+    Remote URLs (``s3://...``) keep Lightning's behaviour. A full or read-only disk raises ``StorageError`` naming
+    the checkpoint; its temporary file is removed and the checkpoint already at that path is left whole.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
@@ -77,12 +79,25 @@ class StepCheckpoint(ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
         self._save_last_if_new(trainer)
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        # A run stopping after this validation (GracefulStop raised the flag) saves here, where Lightning's own
+        # after-validation checkpoints are taken: their resume skips the finished validation and counts the
+        # logging step on by one. Saved later, on the exception, Lightning had already counted that step, the
+        # resume counted it again, and every later train/loss and lr row was logged one step late.
+        if trainer.received_sigterm and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._save_on_stop(trainer)
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # GracefulStop turns Ctrl-C and SIGTERM into this exception between steps, where step, data position and
         # RNG agree. A bare KeyboardInterrupt (Ctrl-C twice) can come mid-step: saving then would resume one batch off.
         if isinstance(exception, SIGTERMException):
+            self._save_on_stop(trainer)
+
+    def _save_on_stop(self, trainer: L.Trainer) -> None:
+        if self.save_last and self._last_global_step_saved < trainer.global_step:
             log.warning("interrupted at step %d: saving last.ckpt in %s", trainer.global_step, self.dirpath)
-            self._save_last_if_new(trainer)
+        self._save_last_if_new(trainer)
 
     def _save_last_if_new(self, trainer: L.Trainer) -> None:
         if self.save_last and self._last_global_step_saved < trainer.global_step:
@@ -113,7 +128,8 @@ class _ResumingWriter(ExperimentWriter):
         if kept:
             self._replace_file(kept)
         elif os.path.isfile(self.metrics_file_path):
-            os.remove(self.metrics_file_path)  # a fresh run in a used directory starts a fresh series (Lightning's rule)
+            with storage_errors(Path(self.metrics_file_path)):
+                os.remove(self.metrics_file_path)  # a fresh run in a used directory starts a fresh series (Lightning's rule)
 
     def _check_log_dir_exists(self) -> None:
         """Lightning deletes an existing metrics.csv here; ``__init__`` decides what to keep instead."""
@@ -141,8 +157,7 @@ class _ResumingWriter(ExperimentWriter):
         else:
             text = io.StringIO()
             csv.DictWriter(text, fieldnames=self.metrics_keys).writerows(self.metrics)
-            with open(self.metrics_file_path, "a", newline="") as f:
-                f.write(text.getvalue())  # one write of whole rows
+            append_bytes(Path(self.metrics_file_path), text.getvalue().encode())  # whole rows, or none on a full disk
         self.metrics = []
 
 
