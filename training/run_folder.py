@@ -86,6 +86,9 @@ def adopt_staged_output(run_dir: Path, step: int) -> None:
         root.removeHandler(handler)
         handler.close()
         root.addHandler(moved)
+        from training.storage import quiet_log_file_errors  # the moved log, too: one warning on a full disk
+
+        quiet_log_file_errors()
     shutil.rmtree(staged, ignore_errors=True)
 
 
