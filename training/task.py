@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import random
 
 import lightning as L
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from model.embedding import TokenEmbedding
 from model.positional import PositionalEncoding
 from model.transformer import LanguageModel
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -64,6 +69,13 @@ class LanguageModelTask(L.LightningModule):
             from training.throughput import training_flops_per_batch
 
             self.flops_per_batch = training_flops_per_batch(self.model, dm.batch_size, dm.seq_len)
+        if stage == "fit" and self.global_rank > 0:
+            # Every DDP rank is seeded alike, so each drew the same MLM masks and dropout (on other text). Rank r > 0
+            # gets its own stream, seeded from (seed, r) hashed (not seed + r: seed 1's rank 0 would be seed 0's
+            # rank 1); rank 0 keeps the seeded one, so a single process trains as before. A resume then restores
+            # each rank's saved state.
+            seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
+            torch.manual_seed(int(np.random.SeedSequence([seed, self.global_rank]).generate_state(1)[0]))  # CPU and accelerators
 
     def training_step(self, block: Tensor, batch_idx: int) -> Tensor:
         loss = self.model.loss(block)
@@ -120,18 +132,57 @@ class LanguageModelTask(L.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    # Random states travel with the checkpoint, so a resumed run draws the same
-    # masks and dropout as the uninterrupted one.
+    # Random states travel with the checkpoint, so a resumed run draws the same masks and dropout as the
+    # uninterrupted one: every rank's (each draws its own; rank 0 alone writes the file), each with its
+    # accelerator's generator (masks are drawn on the tokens' device). "rng_states" stays rank 0's, as before.
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng_states"] = {
-            "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
-        }
+        states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                  "devices": accelerator_rng_states(self.device)}
+        per_rank = gather_from_ranks(states)  # a collective: Lightning builds the checkpoint on every rank
+        checkpoint["rng_states"], checkpoint["rng_states_per_rank"] = per_rank[0], per_rank
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        states = checkpoint.get("rng_states")
+        per_rank = checkpoint.get("rng_states_per_rank")
+        if per_rank is None:  # a checkpoint from before per-rank states: one state, restored on every rank
+            states = checkpoint.get("rng_states")
+        elif self.global_rank < len(per_rank):
+            states = per_rank[self.global_rank]
+        else:
+            log.warning("the checkpoint has random states for %d rank(s), not rank %d: its stream starts afresh "
+                        "(the resume is not exact)", len(per_rank), self.global_rank)
+            states = None
         if states is not None:
             torch.set_rng_state(states["torch"])
             np.random.set_state(states["numpy"])
             random.setstate(states["python"])
+            set_accelerator_rng_states(states.get("devices", {}))
+
+
+def accelerator_rng_states(device: torch.device) -> dict:
+    """The generator state of every CUDA device (``{"cuda": [...]}``), else of ``device``'s accelerator (mps, xpu...)."""
+    if torch.cuda.is_available():
+        return {"cuda": torch.cuda.get_rng_state_all()}
+    if device.type not in ("cpu", "meta"):
+        return {device.type: torch.get_device_module(device.type).get_rng_state()}
+    return {}
+
+
+def set_accelerator_rng_states(states: dict) -> None:
+    """Restore what ``accelerator_rng_states`` saved, on the accelerators this process has."""
+    for kind, state in states.items():
+        module = torch.get_device_module(kind)
+        if not module.is_available():  # a GPU checkpoint resumed on CPU, say: nothing to restore
+            continue
+        if kind == "cuda":
+            module.set_rng_state_all(state[: module.device_count()])
+        else:
+            module.set_rng_state(state)
+
+
+def gather_from_ranks(obj) -> list:
+    """``obj`` of every rank, indexed by global rank (``[obj]`` in a single process). A collective under DDP."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
