@@ -115,7 +115,10 @@ class GeometryCallback(L.Callback):
 
     # -- when -------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._record(trainer, pl_module)  # step 0: initialisation (or the resume step)
+        # Step 0 (initialisation), or a resume step on the cadence (re-measured exactly as the first segment did).
+        # A resume off the cadence (a Ctrl-C checkpoint) is not measured: the uninterrupted run has no row there.
+        if trainer.global_step % self.every_n_steps == 0:
+            self._record(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
         # The last step is final here already: when it falls on the cadence, on_train_end finds it recorded

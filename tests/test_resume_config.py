@@ -155,3 +155,17 @@ def test_a_resume_writes_nothing_until_its_checks_pass_then_logs_into_its_run(tm
     assert (run / ".hydra" / "resume-step4" / "overrides.yaml").is_file() and (run / ".hydra" / "config.yaml").read_bytes() == before[
         ".hydra/config.yaml"]
     assert torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 8
+
+
+def test_a_resume_off_the_geometry_cadence_adds_no_geometry_row(tmp_path, tiny_corpus, cache_dir):
+    """Before: a resume from a step off the cadence (a Ctrl-C checkpoint, say) measured there, a row the uninterrupted run has not."""
+    args = ["trainer.max_steps=6", "callbacks.checkpoint.every_n_train_steps=3", "callbacks.geometry.every_n_steps=2",
+            "callbacks.geometry.n_tokens=50", "callbacks.geometry.null_draws=2", "callbacks.geometry.position_probe_blocks=5",
+            "callbacks.geometry.position_probe_permutations=2", "~callbacks.sample"]
+    train(tiny_train_config(tmp_path / "straight", tiny_corpus, cache_dir, args))
+    train(tiny_train_config(tmp_path / "cut", tiny_corpus, cache_dir, args))
+    step3 = tmp_path / "cut" / "run" / "checkpoints" / "step000003.ckpt"
+    train(tiny_train_config(tmp_path / "cut", tiny_corpus, cache_dir, [*args, f"ckpt_path={step3}"]))
+    straight, resumed = (series(tmp_path / d / "run", "geometry/abs_cos_mean") for d in ("straight", "cut"))
+    assert sorted(straight) == sorted(resumed) == [0, 2, 4, 6]
+    assert all(straight[s] == resumed[s] for s in straight)

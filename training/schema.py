@@ -200,10 +200,10 @@ class GeometrySettings(TargetSettings):
     fixed_k: int = what("an integer >= 1", 8, ge=1)
     positional_head_threshold: float = what("a fraction in (0, 1)", 0.5, gt=0, lt=1)
     seed: int = what(f"an integer in [0, {MAX_SEED}]", 0, ge=0, le=MAX_SEED)
-    null_draws: int = what("an integer >= 1", 100, ge=1)
+    null_draws: int = what("an integer >= 2 (a null needs a spread)", 100, ge=2)
     position_probe_every_n_steps: int = what("an integer >= 1", 500, ge=1)
-    position_probe_blocks: int = what("an integer >= 2", 128, ge=2)
-    position_probe_permutations: int = what("an integer >= 1", 20, ge=1)
+    position_probe_blocks: int = what("an integer >= 5 (5-fold cross-validation by block)", 128, ge=5)
+    position_probe_permutations: int = what("an integer >= 2", 20, ge=2)
 
 
 class ProgressSettings(TargetSettings):
@@ -426,7 +426,9 @@ def check_schema(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None
             problems.append((group, f"{group}={_show(node)} must be a group of named {group} (or null)"))
             continue
         for name, member in node.items():
-            if member is not None:
+            # a node without _target_ is settings for a member not chosen (experiment=orthogonality sets
+            # logger.wandb.group; with logger=csv there is no wandb logger to take them): nothing is built from it
+            if member is not None and not (isinstance(member, dict) and "_target_" not in member):
                 record(f"{group}.{name}", check_node(f"{group}.{name}", member, f"{_choice(choices, group)} ({name})"))
     if problems:
         # data.seed: ${seed} repeats seed's error: name the key the user set, not the ones that copy it
