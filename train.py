@@ -71,7 +71,8 @@ def main(cfg: DictConfig) -> float | None:
             if code == 2:  # refused before it wrote anything: no stub folder under outputs/
                 from training.run_folder import remove_stub_run_dir
 
-                remove_stub_run_dir(Path(HydraConfig.get().runtime.output_dir))
+                runtime = HydraConfig.get().runtime
+                remove_stub_run_dir(Path(runtime.output_dir), Path(runtime.cwd))
             sys.exit(code)
         # In a sweep, sys.exit would end every job still to come (Hydra does not catch SystemExit): report this
         # one and go on. It is recorded in the sweep folder, not in this process: a launcher may run it in a worker

@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 from tests.conftest import ROOT, compose_train_config, tiny_train_config
 from tests.test_reliability import corpus_args
 from training.pipeline import train
-from training.run_config import overridden_keys, resumed_config
+from training.run_config import choice_contradictions, overridden_keys, resumed_config
+from training.run_folder import stage_resume
 from training.validate import ConfigError
 
 SIX_STEPS = ["trainer.max_steps=6", "trainer.val_check_interval=3", "callbacks.checkpoint.every_n_train_steps=2",
@@ -71,9 +72,38 @@ def test_a_control_arm_that_contradicts_the_checkpoint_is_refused(control, key, 
 
 def test_control_files_name_every_key_they_set():
     assert {"embedding.tie_weights"} == overridden_keys(["control=untied_head"])
-    assert {"pe", "pe.init", "pe.init_k"} == overridden_keys(["control=mixed_init"])
+    assert {"pe", "pe.init", "pe.init_k"} <= overridden_keys(["control=mixed_init"])
     assert "pe" in overridden_keys(["experiment=controls_learned"])  # its defaults override /pe
     assert "model.d_model" in overridden_keys(["experiment=controls_learned"])  # ... and it extends orthogonality
+
+
+def test_a_group_option_sets_only_what_it_changes():
+    """Before: trainer=ddp on a resume reset the run's max_steps and cadence to the default trainer's."""
+    assert overridden_keys(["trainer=ddp"]) == {"trainer._target_", "trainer.strategy", "trainer.devices"}
+    assert overridden_keys(["callbacks=no_geometry"]) == {"callbacks.geometry"}
+    assert overridden_keys(["logger=csv"]) == {"logger.wandb"}
+    assert "pe._target_" in overridden_keys(["pe=sinusoidal"])  # the default, given explicitly: still a choice
+
+
+def test_a_control_arm_other_than_the_checkpoints_is_refused_even_when_it_sets_no_key():
+    assert choice_contradictions({"control": "untied_head"}, ["control=baseline"]) == {"control": ("untied_head", "baseline")}
+    assert choice_contradictions({"control": None}, ["control=baseline"]) == {}  # baseline changes nothing
+    assert choice_contradictions({"control": "learned_baseline"}, ["control=null"]) == {}
+    assert choice_contradictions(None, ["control=untied_head"]) == {}  # an older checkpoint: the keys still decide
+
+
+def test_stage_resume_leaves_a_checkpoint_outside_a_run_folder_alone():
+    """Such a resume continues in a new folder Hydra makes; staging it would train into the staging folder, removed at exit."""
+    assert stage_resume(["ckpt_path=/somewhere/model.ckpt"]) == ["ckpt_path=/somewhere/model.ckpt"]
+    assert stage_resume(["-m", "ckpt_path=/r/checkpoints/last.ckpt"]) == ["-m", "ckpt_path=/r/checkpoints/last.ckpt"]
+
+
+def test_overriding_the_cache_on_resume_moves_the_data_cache_too(tmp_path, tiny_corpus, cache_dir):
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["~callbacks.geometry", "~callbacks.sample"]))
+    step2 = tmp_path / "run" / "checkpoints" / "step000002.ckpt"
+    resume = compose_train_config([f"ckpt_path={step2}", f"paths.cache_dir={tmp_path / 'new-cache'}"], tmp_path / "elsewhere")
+    train(resume)
+    assert resume.data.cache_dir == str(tmp_path / "new-cache" / "data") and any((tmp_path / "new-cache" / "data").iterdir())
 
 
 SAVED = {

@@ -148,6 +148,9 @@ def test_values_are_coerced_to_their_type_and_written_back(tmp_path):
     cfg = compose_train_config(["trainer.precision=32", "trainer.devices='1'"], tmp_path)
     check_config(cfg)  # Lightning's own spellings: an int precision, devices as text
     assert cfg.trainer.precision == "32" and cfg.trainer.devices == "1"
+    cfg = compose_train_config(["data=hf", "data.path=parquet", "data.val_size=100"], tmp_path)
+    check_config(cfg)
+    assert cfg.data.val_size == 100 and type(cfg.data.val_size) is int  # a number of documents stays one (HFCorpus refuses 100.0)
 
 
 def test_an_accelerator_this_machine_lacks_is_refused(tmp_path, monkeypatch):
@@ -183,9 +186,10 @@ CLI_BAD = ["model.d_ff=-1", "trainer.precision=fp7", "+model.d_modle=64", "compi
 
 
 @pytest.mark.slow  # runs train.py in subprocesses
-@pytest.mark.parametrize("override", CLI_BAD)
-def test_through_the_command_line_a_bad_value_is_one_error_line_exit_2_and_no_run_folder(override, tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), override], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("override,chdir", [*((o, False) for o in CLI_BAD), ("model.dropout=2", True)])
+def test_through_the_command_line_a_bad_value_is_one_error_line_exit_2_and_no_run_folder(override, chdir, tmp_path):
+    args = [override, *(["hydra.job.chdir=true"] if chdir else [])]  # chdir: the job runs inside the folder it then removes
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     message = next(m for o, m in BAD_VALUES if o == [override])
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and errors and errors[0].startswith(f"error: {message}") and len(errors) == 1, result.stderr[-2000:]

@@ -53,7 +53,7 @@ def wandb_run(offline_dir: Path) -> dict:
 # -- resume rules (no training) -------------------------------------------------------------------
 def test_overridden_keys_cover_groups_experiments_and_plain_keys():
     keys = overridden_keys(["pe=rope", "model.d_model=64", "~callbacks.progress_bar", "experiment=quick", "hydra.run.dir=x"])
-    assert {"pe", "model.d_model", "callbacks.progress_bar", "data.seq_len", "trainer.max_steps"} <= keys
+    assert {"pe._target_", "model.d_model", "callbacks.progress_bar", "data.seq_len", "trainer.max_steps"} <= keys
     assert not any(k.startswith("hydra") for k in keys)
 
 

@@ -221,14 +221,14 @@ def build_loggers(cfg: DictConfig, run_config: dict, output_dir: Path, resume_st
     return loggers
 
 
-def build_callbacks(cfg: DictConfig, run_config: dict, has_logger: bool) -> list:
+def build_callbacks(cfg: DictConfig, run_config: dict, has_logger: bool, choices: dict | None = None) -> list:
     callbacks = _instantiate_all(cfg.callbacks)
     if not has_logger:  # logger=none: the LR monitor would stop the run for want of somewhere to write
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     if cfg.trainer.get("enable_model_summary", True):
         callbacks.append(ParameterSummary())
     # GracefulStop turns SIGTERM/Ctrl-C into a stop between optimiser steps, so the saved checkpoint is exact
-    return [*callbacks, RunConfigInCheckpoint(run_config), ValidateAtEnd(), GracefulStop()]
+    return [*callbacks, RunConfigInCheckpoint(run_config, choices), ValidateAtEnd(), GracefulStop()]
 
 
 def check_batch_fits(cfg: DictConfig, datamodule) -> None:
@@ -250,6 +250,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     On resume the checkpoint's config is checked and applied before anything is written.
     """
     overrides, choices = _hydra_task_overrides()
+    as_given = OmegaConf.to_container(cfg, resolve=False)  # before paths are made absolute: a resume keeps what derives from what
     absolute_input_paths(cfg)
     ckpt_path, output_dir, resume_step, state = read_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir))
     resume_changes: dict[str, tuple] = {}
@@ -258,7 +259,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if saved is None:
             log.warning("%s carries no run config: resuming with the config as given, unchecked", ckpt_path)
         else:
-            resume_changes = apply_resume_config(cfg, saved, overrides, ckpt_path, output_dir)
+            saved_choices = state.get("group_choices")
+            resume_changes = apply_resume_config(cfg, saved, overrides, ckpt_path, output_dir, as_given, saved_choices)
+            absolute_input_paths(cfg)  # what the command line set, relative to where it was typed
+            # the run's choices, with those the command line changed (a resumed rope run stays pe=rope)
+            given = {o.partition("=")[0]: o.partition("=")[2] for o in overrides if "=" in o and not o.startswith(("~", "+", "hydra"))}
+            choices = {**(saved_choices or choices), **{k: v for k, v in given.items() if k in choices}}
         log.info("resuming %s at step %d: continuing in %s", ckpt_path, resume_step, output_dir)
         with open_dict(cfg):
             cfg.paths.output_dir = str(output_dir)  # checkpoints and logs continue in the original run
@@ -266,7 +272,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     del state
     check_config(cfg)
     check_writable(output_dir)
-    if resume_step is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+    if resume_step is not None and all(int(os.environ.get(k, 0)) == 0 for k in ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID")):
         adopt_staged_output(output_dir, resume_step)  # the checks passed: the resume's .hydra/ and log join its run
     if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:  # DDP's other ranks start later
         remove_partial_writes(output_dir)
@@ -285,11 +291,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     task = LanguageModelTask(model, max_steps=cfg.trainer.max_steps, **OmegaConf.to_container(cfg.optimizer, resolve=True))
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
+    run_choices = choices
     loggers = build_loggers(cfg, run_config, output_dir, resume_step, wandb_id, choices)
     exit_code = 1
     try:
         trainer: L.Trainer = instantiate(
-            cfg.trainer, callbacks=build_callbacks(cfg, run_config, bool(loggers)), logger=loggers or False,
+            cfg.trainer, callbacks=build_callbacks(cfg, run_config, bool(loggers), run_choices), logger=loggers or False,
             plugins=[AtomicCheckpointIO()],
             enable_model_summary=False,  # ParameterSummary (in build_callbacks) prints it when the config asks
         )

@@ -28,6 +28,7 @@ FIXED_ON_RESUME = (
     "model", "pe", "embedding", "attention", "data", "optimizer", "seed", "run_name",
     "trainer.precision", "trainer.accumulate_grad_batches", "trainer.gradient_clip_val",
 )
+_ABSENT = object()  # a key a config does not have
 # ...except these, which say where or how fast, not what.
 FREE_WITHIN_FIXED = ("data.num_workers", "data.cache_dir")
 
@@ -74,12 +75,52 @@ def _global_group_keys(group: str, option: str, seen: frozenset[str] = frozenset
 GLOBAL_GROUPS = ("experiment", "control")  # groups whose options write anywhere in the config (@package _global_)
 
 
+def _composed(overrides: list[str]) -> dict:
+    """configs/train.yaml composed with ``overrides``, unresolved (Hydra's compose API: inside ``train.py`` it uses
+    the running app's search path; elsewhere, a test or a notebook, configs/ itself)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
+    with initialize_config_dir(config_dir=str(CONFIG_GROUPS_DIR), version_base="1.3"):
+        return OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
+
+
+def _differing(a: Any, b: Any, prefix: str = "") -> set[str]:
+    """Dotted keys where two composed configs differ; a node present in one only is one key (``logger.wandb``)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys: set[str] = set()
+        for key in set(a) | set(b):
+            if key not in a or key not in b:
+                keys.add(f"{prefix}{key}")
+            else:
+                keys |= _differing(a[key], b[key], f"{prefix}{key}.")
+        return keys
+    return set() if a == b else {prefix[:-1]}
+
+
+def group_option_keys(group: str, option: str) -> set[str]:
+    """What ``<group>=<option>`` sets: the keys where that option differs from the group's default (``trainer=ddp``
+    sets strategy and devices, not max_steps; ``logger=csv`` removes ``logger.wandb``; ``callbacks=no_geometry``
+    removes ``callbacks.geometry`` only), and always its ``_target_`` (``pe=sinusoidal`` given on a RoPE run is
+    a contradiction even though sinusoidal is the default). Falls back to the whole group if it cannot compose."""
+    try:
+        default, chosen = _composed([]), _composed([f"{group}={option}"])
+    except Exception:  # noqa: BLE001 - an option Hydra cannot compose here: the conservative answer
+        return {group}
+    keys = {k for k in _differing(default, chosen) if not k.startswith("hydra")}
+    if isinstance(chosen.get(group), dict) and "_target_" in chosen[group]:
+        keys.add(f"{group}._target_")
+    return keys
+
+
 def overridden_keys(overrides: Iterable[str]) -> set[str]:
     """The dotted keys a list of Hydra command-line overrides sets.
 
-    ``model.d_model=64`` sets ``model.d_model``; a group choice (``pe=rope``) sets the whole ``pe``
-    subtree; ``experiment=quick`` and ``control=untied_head`` set every key of their file (and the groups
-    its defaults override). ``hydra.*`` is ignored.
+    ``model.d_model=64`` sets ``model.d_model``; a group choice sets what that option changes
+    (``group_option_keys``); ``experiment=quick`` and ``control=untied_head`` also set every key of their
+    file (and the groups its defaults override), even where it equals the default. ``hydra.*`` is ignored.
     """
     keys: set[str] = set()
     for override in overrides:
@@ -87,12 +128,36 @@ def overridden_keys(overrides: Iterable[str]) -> set[str]:
         key = key.lstrip("~+")
         if key.startswith("hydra") or "/" in key:
             continue
-        if key in GLOBAL_GROUPS:
+        if (CONFIG_GROUPS_DIR / key).is_dir() and not override.startswith("~"):
             if value not in ("", "null"):
-                keys |= _global_group_keys(key, value)
+                keys |= group_option_keys(key, value)
+                if key in GLOBAL_GROUPS:
+                    keys |= _global_group_keys(key, value)
             continue
         keys.add(key)
     return keys
+
+
+def _arm(choice: Any) -> str | None:
+    """A control choice as the arm it trains: none, ``baseline`` and ``<pe>_baseline`` all change nothing."""
+    choice = None if choice in (None, "null", "None", "") else str(choice)
+    return None if choice is None or choice == "baseline" or choice.endswith("_baseline") else choice
+
+
+def choice_contradictions(saved_choices: dict[str, Any] | None, overrides: Iterable[str]) -> dict[str, tuple[Any, Any]]:
+    """``experiment=``/``control=`` on the command line that names another study or arm than the checkpoint's
+    (``control=baseline`` on an ``untied_head`` run sets no key, so only the recorded choice can tell)."""
+    if not saved_choices:
+        return {}
+    out = {}
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key in GLOBAL_GROUPS and key in saved_choices:
+            old, new = saved_choices[key], value
+            same = _arm(old) == _arm(new) if key == "control" else str(old) == str(new) or {old, new} <= {None, "null", ""}
+            if not same:
+                out[key] = (old, new)
+    return out
 
 
 def contradictions(current: dict[str, Any], saved: dict[str, Any], overridden: set[str]) -> dict[str, tuple[Any, Any]]:
@@ -100,11 +165,16 @@ def contradictions(current: dict[str, Any], saved: dict[str, Any], overridden: s
     flat_now, flat_saved = flatten(current), flatten(saved)
     out = {}
     for key in sorted(set(flat_now) | set(flat_saved)):
-        if not is_fixed_on_resume(key) or flat_now.get(key) == flat_saved.get(key):
-            continue
+        now, before = flat_now.get(key, _ABSENT), flat_saved.get(key, _ABSENT)
+        if not is_fixed_on_resume(key) or now == before or (_scalar(now) and _scalar(before) and str(now) == str(before)):
+            continue  # ("16" in the checkpoint and 16 typed now: the same precision)
         if any(key == o or key.startswith(o + ".") for o in overridden):
             out[key] = (flat_saved.get(key, "<absent>"), flat_now.get(key, "<absent>"))
     return out
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
 def saved_run_config(checkpoint: dict, ckpt_path: Path) -> dict[str, Any] | None:
@@ -141,7 +211,6 @@ def _delete(tree: dict, key: str) -> None:
         node.pop(leaf, None)
 
 
-_ABSENT = object()
 COLLECTIONS = ("logger", "callbacks")  # groups whose members are the choice itself: a member the run had not is not added
 
 
@@ -227,16 +296,18 @@ def _still_derived(run: dict, current_raw: dict) -> list[str]:
 
 
 def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Iterable[str], ckpt_path: Path,
-                        run_dir: Path | None = None) -> dict[str, tuple]:
+                        run_dir: Path | None = None, current_raw: dict | None = None,
+                        saved_choices: dict[str, Any] | None = None) -> dict[str, tuple]:
     """Make ``cfg`` the checkpoint's config plus the command line's explicit overrides (``resumed_config``);
     returns what differs from the checkpoint ``{key: (old, new)}``.
 
     Raises ConfigError listing every fixed key the overrides contradict, before ``cfg`` is touched.
     """
     run_dir = Path(run_dir if run_dir is not None else cfg.paths.output_dir)
+    overrides = list(overrides)
     overridden = overridden_keys(overrides)
     current = OmegaConf.to_container(cfg, resolve=True)
-    bad = contradictions(current, saved, overridden)
+    bad = {**choice_contradictions(saved_choices, overrides), **contradictions(current, saved, overridden)}
     if bad:
         listed = "; ".join(f"{k}: checkpoint {old!r}, command line {new!r}" for k, (old, new) in bad.items())
         raise ConfigError(
@@ -244,7 +315,8 @@ def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Itera
             f"{', '.join(FIXED_ON_RESUME)} from the checkpoint (it may change {', '.join(FREE_WITHIN_FIXED)}, trainer.max_steps, "
             "logger, callbacks, paths and devices); drop those overrides, or start a new run without ckpt_path"
         )
-    merged = resumed_config(OmegaConf.to_container(cfg, resolve=False), saved, overridden, run_dir)
+    raw = current_raw if current_raw is not None else OmegaConf.to_container(cfg, resolve=False)
+    merged = resumed_config(raw, saved, overridden, run_dir)
     with open_dict(cfg):
         for key in [k for k in cfg if k not in merged]:
             del cfg[key]
@@ -259,13 +331,15 @@ def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Itera
 
 
 class RunConfigInCheckpoint(L.Callback):
-    """Puts the run's resolved config (``checkpoint["run_config"]``) and its W&B run id in every checkpoint."""
+    """Puts the run's resolved config (``checkpoint["run_config"]``), its group choices (``pe=rope``, ``control=...``)
+    and its W&B run id in every checkpoint."""
 
-    def __init__(self, run_config: dict[str, Any]) -> None:
-        self.run_config = run_config
+    def __init__(self, run_config: dict[str, Any], choices: dict[str, Any] | None = None) -> None:
+        self.run_config, self.choices = run_config, dict(choices or {})
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint["run_config"] = self.run_config
+        checkpoint["group_choices"] = {k: v for k, v in self.choices.items() if not str(k).startswith("hydra")}
         from training.wandb_run import wandb_loggers  # a light import; wandb itself is only touched if used
 
         for logger in wandb_loggers(trainer.loggers):

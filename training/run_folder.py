@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import tempfile
 from datetime import datetime
@@ -44,6 +45,8 @@ def stage_resume(argv: list[str]) -> list[str]:
     if any(arg.partition("=")[0] in ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc") for arg in argv):
         return argv  # answers without running
     extra = []
+    if ckpt != "last" and Path(ckpt).expanduser().parent.name != "checkpoints":
+        return argv  # a checkpoint outside a run's checkpoints/: the resume becomes a new run in the folder Hydra makes
     if ckpt == "last":  # "this run folder's last.ckpt": the folder the command names, before Hydra is pointed elsewhere
         run_dir = _value(argv, "hydra.run.dir")
         if run_dir is None or "${" in run_dir:
@@ -61,14 +64,14 @@ def is_staged(output_dir: Path) -> bool:
 def adopt_staged_output(run_dir: Path, step: int) -> None:
     """Move the staged ``.hydra/`` into the run and continue its ``train.log`` (after the resume's checks passed)."""
     global _staging
-    if _staging is None or not _staging.is_dir():
-        return
+    if _staging is None or not _staging.is_dir() or Path(run_dir).resolve() == _staging.resolve():
+        return  # (the run continuing in the staging folder itself would be deleted with it: never adopt into it)
     staged, _staging = _staging, None
     run_dir.mkdir(parents=True, exist_ok=True)
     if (staged / ".hydra").is_dir():
         target = run_dir / ".hydra" / f"resume-step{step}"
         shutil.rmtree(target, ignore_errors=True)  # the same resume run again: its latest command
-        shutil.copytree(staged / ".hydra", target)
+        shutil.copytree(staged / ".hydra", target, dirs_exist_ok=True)
     root = logging.getLogger()
     for handler in list(root.handlers):
         if not isinstance(handler, logging.FileHandler) or Path(handler.baseFilename).parent != staged:
@@ -95,11 +98,14 @@ def adopt_staged_output(run_dir: Path, step: int) -> None:
 HYDRA_STUB = {".hydra", "train.log"}  # what Hydra writes into a job's folder before the job runs
 
 
-def remove_stub_run_dir(run_dir: Path) -> bool:
-    """Delete ``run_dir`` if it holds only what Hydra wrote there (a run refused before it wrote anything)."""
-    run_dir = Path(run_dir)
+def remove_stub_run_dir(run_dir: Path, start_dir: Path) -> bool:
+    """Delete ``run_dir`` if it holds only what Hydra wrote there (a run refused before it wrote anything),
+    and the folders above it up to ``start_dir`` (where the command was started) that it leaves empty."""
+    run_dir, start_dir = Path(run_dir).absolute(), Path(start_dir).absolute()
     if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - HYDRA_STUB:
         return False
+    if Path.cwd().absolute().is_relative_to(run_dir):  # hydra.job.chdir=true: step out before removing it
+        os.chdir(start_dir)
     root = logging.getLogger()
     for handler in list(root.handlers):  # the log file is open: close it first
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
@@ -107,7 +113,7 @@ def remove_stub_run_dir(run_dir: Path) -> bool:
             handler.close()
     shutil.rmtree(run_dir, ignore_errors=True)
     for parent in run_dir.parents:  # outputs/<date>/ that only this run was in
-        if parent == Path.cwd() or not parent.is_relative_to(Path.cwd()) or any(parent.iterdir()):
+        if parent == start_dir or not parent.is_relative_to(start_dir) or any(parent.iterdir()):
             break
         parent.rmdir()
     return True

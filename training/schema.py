@@ -10,9 +10,10 @@
   would be valid, instead of a traceback from deep inside torch or Lightning, or a silent run.
 
 Top-level keys and the keyless groups (``optimizer``, ``paths``) are models of their own. Values the
-schema coerces (``seed="3"`` -> 3, ``compile=yes`` -> true) are written back, so the run uses what
-was checked. Checks that need more than one key (``d_model % n_heads``, the PE's own limits, the
-tokenizer's vocabulary) stay in ``training.validate``, which calls this first.
+schema coerces (``seed='3'`` -> 3, ``train_files=a.txt`` -> ``[a.txt]``) are written back, so the run uses
+what was checked; booleans are strict (``compile=yes`` is refused, not read as true). Checks that need
+more than one key (``d_model % n_heads``, the PE's own limits, the tokenizer's vocabulary) stay in
+``training.validate``, which calls this first.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class TextFilesSettings(TargetSettings):
 
 class HFDataSettings(DataSettings):
     path: str = what("a hub name, a save_to_disk folder, or parquet|json|csv|text|arrow", min_length=1)
-    val_size: float = what("a fraction in (0, 1) or a number of documents >= 1", 0.05, gt=0)
+    val_size: int | float = what("a fraction in (0, 1) or a number of documents >= 1", 0.05, gt=0)  # an int counts documents
     max_docs: int | None = what("a positive integer, or null for every document", None, ge=1)
     streaming: bool = what("true or false", False, strict=True)
     text_column: str = what("a column name", "text", min_length=1)
