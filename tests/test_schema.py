@@ -92,6 +92,7 @@ BAD_VALUES = [
     (['trainer.gradient_clip_val=-1'], 'trainer.gradient_clip_val=-1 must be a number >= 0, or null for no clipping'),
     (['trainer.val_check_interval=0'], 'trainer.val_check_interval=0 must be a positive number of steps or a fraction of an epoch in (0, 1]'),
     (['trainer.val_check_interval=1.5'], 'trainer.val_check_interval=1.5 must be a positive number of steps or a fraction of an epoch in (0, 1]'),
+    (['trainer.limit_val_batches=1.5'], 'trainer.limit_val_batches=1.5 must be a number of batches >= 0 or a fraction in [0, 1]'),
     (['trainer.limit_val_batches=-1'], 'trainer.limit_val_batches=-1 must be a number of batches >= 0 or a fraction in [0, 1]'),
     (['trainer.log_every_n_steps=0'], 'trainer.log_every_n_steps=0 must be a positive integer'),
     (['trainer.num_nodes=0'], 'trainer.num_nodes=0 must be a positive integer'),
@@ -171,6 +172,12 @@ def test_a_users_own_class_is_checked_against_its_constructor(tmp_path):
     cfg = compose_train_config(["+callbacks.timer._target_=lightning.pytorch.callbacks.Timer", "+callbacks.timer.duraton=1"], tmp_path)
     with pytest.raises(ConfigError, match=r"^callbacks.timer.duraton is not a setting of .*valid: \[.*'duration'"):
         check_config(cfg)
+
+
+def test_a_factory_function_as_target_is_checked_against_its_parameters(tmp_path):
+    check_config(compose_train_config(["+callbacks.x._target_=training.names.arm_name", "+callbacks.x.model=m", "+callbacks.x.pe=p"], tmp_path))
+    with pytest.raises(ConfigError, match=r"^callbacks.x.modle is not a setting of .*valid: \['control', 'model', 'pe'\]"):
+        check_config(compose_train_config(["+callbacks.x._target_=training.names.arm_name", "+callbacks.x.modle=m"], tmp_path))
 
 
 def test_a_batch_larger_than_the_training_split_is_refused(tmp_path, tiny_corpus, cache_dir):

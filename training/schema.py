@@ -307,8 +307,8 @@ def import_class(target: str) -> type:
             continue
         for name in parts[cut:]:
             obj = getattr(obj, name)
-        if not isinstance(obj, type):
-            raise ImportError(f"{target} is not a class")
+        if not callable(obj):
+            raise ImportError(f"{target} is not a class or a function")
         return obj
     raise ImportError(f"no module named {parts[0]!r}")
 
@@ -317,6 +317,11 @@ def constructor_keys(cls: type) -> set[str] | None:
     """The keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up the class hierarchy;
     None when the chain ends in a catch-all ``**kwargs`` (any key may be meant)."""
     names: set[str] = set()
+    if not isinstance(cls, type):  # a factory function as _target_: its own parameters
+        params = inspect.signature(cls).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        return {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
     for klass in cls.__mro__:
         if "__init__" not in vars(klass) or klass is object:
             continue

@@ -66,6 +66,9 @@ def check_run_settings(cfg: DictConfig) -> None:
     interval = cfg.trainer.get("val_check_interval")
     if isinstance(interval, float) and interval > 1:  # Lightning reads a float as a fraction of an epoch
         raise ConfigError(f"trainer.val_check_interval={interval} must be a positive number of steps or a fraction of an epoch in (0, 1]")
+    limit = cfg.trainer.get("limit_val_batches")
+    if isinstance(limit, float) and limit > 1:  # Lightning reads a float as a fraction of the validation set
+        raise ConfigError(f"trainer.limit_val_batches={limit} must be a number of batches >= 0 or a fraction in [0, 1]")
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     if accelerator in ("gpu", "cuda") and not torch_cuda_available():
         raise ConfigError(f"trainer.accelerator={accelerator}: torch sees no CUDA GPU here; valid on this machine: ['cpu', 'auto']")
