@@ -189,11 +189,8 @@ def test_a_batch_larger_than_the_training_split_is_refused(tmp_path, tiny_corpus
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-CLI_BAD = ["model.d_ff=-1", "trainer.precision=fp7", "+model.d_modle=64", "compile=maybe", "callbacks.geometry.measures=[bogus]"]
-
-
-@pytest.mark.slow  # runs train.py in subprocesses
-@pytest.mark.parametrize("override,chdir", [*((o, False) for o in CLI_BAD), ("model.dropout=2", True)])
+@pytest.mark.slow  # runs train.py in subprocesses (the in-process test above covers every value; this the exit code and the folder)
+@pytest.mark.parametrize("override,chdir", [("+model.d_modle=64", False), ("model.dropout=2", True)])
 def test_through_the_command_line_a_bad_value_is_one_error_line_exit_2_and_no_run_folder(override, chdir, tmp_path):
     args = [override, *(["hydra.job.chdir=true"] if chdir else [])]  # chdir: the job runs inside the folder it then removes
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
