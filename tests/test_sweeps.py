@@ -136,6 +136,22 @@ def test_the_end_of_sweep_list_is_read_from_the_sweep_folder(tmp_path, capsys, m
     report.on_multirun_end(job_config(tmp_path, 0))  # nothing to list: no exit
 
 
+def test_a_failure_whose_record_cannot_be_written_is_not_counted_a_success(tmp_path, monkeypatch):
+    """A full disk when train.py records the failure: the job's "running" record must stay, so the sweep still lists it."""
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    report, config = sweep.SweepReport(), job_config(tmp_path, 4)
+    report.on_job_start(config)
+    real_write = sweep.write_record
+    monkeypatch.setattr(sweep, "write_record", lambda *a, **k: None)  # the failed record never reaches the disk
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: config.hydra))  # the job's own hydra node
+    sweep.record_failed_job(RuntimeError("No space left on device"))
+    monkeypatch.setattr(sweep, "write_record", real_write)
+    report.on_job_end(config, JobReturn(status=JobStatus.COMPLETED))  # train.py returned normally after reporting
+    assert len(sweep.failed_jobs(folder)) == 1
+
+
 def test_a_single_run_writes_no_record(tmp_path):
     (tmp_path / "sweep").mkdir()
     config = job_config(tmp_path, 0)

@@ -86,8 +86,12 @@ def record_failed_job(err: BaseException) -> str:
 
     hydra = HydraConfig.get()
     overrides, error = list(hydra.overrides.task), f"{type(err).__name__}: {err}"
+    _failed_here.add(hydra.job.num)  # kept in this process too: the record may not be writable (a full disk)
     write_record(sweep_folder(hydra), hydra.job.num, overrides, "failed", error)
     return describe(hydra.job.num, overrides, error)
+
+
+_failed_here: set[int] = set()  # jobs this process recorded as failed (on_job_end must not count them a success)
 
 
 def record_killed_job(sweep_dir: str | Path, num: int, overrides: Sequence[str], how: str) -> None:
@@ -131,8 +135,8 @@ class SweepReport(Callback):
             return
         sweep_dir, num = sweep_folder(config.hydra), config.hydra.job.num
         record = read_record(sweep_dir, num)
-        if record is not None and record["status"] != "running":
-            return  # train.py recorded the failure, with its message
+        if (record is not None and record["status"] != "running") or num in _failed_here:
+            return  # train.py recorded the failure, with its message (or tried to: a record left "running" is listed too)
         if job_return.status == JobStatus.FAILED:  # an error train.py did not catch (Hydra's sweeper stops at it)
             error = job_return._return_value
             write_record(sweep_dir, num, config.hydra.overrides.task, "failed", f"{type(error).__name__}: {error}")
