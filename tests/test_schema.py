@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (the table keeps each case and its message on one line)
 """The config schema: every key typed and ranged in one place, unknown keys refused, one line per problem.
 
-BAD_VALUES holds the 24 values an outside audit named (13 tracebacks, 11 silently accepted, out of 56 tried) and more; each
+BAD_VALUES holds every value an outside audit named (it found 13 tracebacks and 11 silent runs in 56 tries) and more; each
 row is the command-line overrides and the start of the one line the run must print (``error: <line>``, exit 2).
 """
 
