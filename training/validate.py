@@ -24,16 +24,6 @@ class ConfigError(SchemaError):
     """A config value that cannot work."""
 
 
-def renamed_options() -> list[str]:
-    """One line per group option given by its old name, naming the new one."""
-    try:
-        choices = HydraConfig.get().runtime.choices
-    except ValueError:  # composed outside Hydra's run context
-        return []
-    return [f"{group}={old} is deprecated, use {group}={new} (the same settings)"
-            for (group, old), new in RENAMED_OPTIONS.items() if choices.get(group) == old]
-
-
 def _choices() -> dict:
     """The group options the run was composed from (pe=rope, ...), to name them in errors."""
     try:
@@ -42,12 +32,16 @@ def _choices() -> dict:
         return {}
 
 
+def renamed_options() -> list[str]:
+    """One line per group option given by its old name, naming the new one."""
+    choices = _choices()
+    return [f"{group}={old} is deprecated, use {group}={new} (the same settings)"
+            for (group, old), new in RENAMED_OPTIONS.items() if choices.get(group) == old]
+
+
 def _option(group: str, node: DictConfig) -> str:
     """The option name a config group was given (pe=rope), else its _target_'s class name."""
-    try:
-        return str(HydraConfig.get().runtime.choices[group])
-    except (ValueError, KeyError):  # composed outside Hydra's run context
-        return str(node.get("_target_", "")).rsplit(".", 1)[-1]
+    return str(_choices().get(group) or str(node.get("_target_", "")).rsplit(".", 1)[-1])
 
 
 def check_positional_encoding(cfg: DictConfig) -> None:
