@@ -25,26 +25,27 @@ import time
 from pathlib import Path
 from statistics import median
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import offline  # noqa: E402, F401
-import training.names  # noqa: E402, F401  (the resolvers configs/ uses)
+import pe_geometry.offline  # noqa: F401
+import pe_geometry.training.names  # noqa: F401  (the resolvers configs/ uses)
+from pe_geometry.configs import CONFIG_DIR
 
 # isort: split
 
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from omegaconf import OmegaConf, open_dict  # noqa: E402
-from torch import nn  # noqa: E402
+import lightning as L
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from omegaconf import OmegaConf, open_dict
+from torch import nn
 
-from training.build import build_datamodule  # noqa: E402
-from training.pipeline import build_model  # noqa: E402
-from training.task import LanguageModelTask  # noqa: E402
-from training.throughput import training_flops_per_batch  # noqa: E402
+from pe_geometry.training.build import build_datamodule
+from pe_geometry.training.pipeline import build_model
+from pe_geometry.training.task import LanguageModelTask
+from pe_geometry.training.throughput import training_flops_per_batch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LARGER = ["model.d_model=256", "model.n_layers=4", "model.n_heads=4", "data.seq_len=256", "data.batch_size=16", "data.vocab_size=8192"]
 
@@ -126,7 +127,7 @@ class StepTimer(L.Callback):
 
 def compose_cfg(overrides: list[str]):
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     with open_dict(cfg):
         cfg.paths.output_dir = "/tmp/pe-benchmark"

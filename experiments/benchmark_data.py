@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
 
 SPEECHES_PER_DOC = 8
 DOCS_PER_ROW_GROUP = 1000
@@ -45,7 +45,7 @@ SHARD_MB = 25
 
 # ----------------------------------------------------------------------------- corpus generation (parent)
 def play_speeches() -> list[str]:
-    from data.corpus import ShakespeareCorpus
+    from pe_geometry.data.corpus import ShakespeareCorpus
 
     splits = ShakespeareCorpus().splits()
     return [s for doc in splits["train"] for s in doc.text.split("\n\n") if s.strip()]
@@ -90,7 +90,7 @@ class AnonPeak(threading.Thread):
 def measure(train_files: list[str], val_file: str, cache_dir: str, num_proc: int, sample_chars: int, streaming: bool) -> dict:
     sampler = AnonPeak()
     sampler.start()
-    from data.hf import HFDataModule
+    from pe_geometry.data.hf import HFDataModule
 
     dm = HFDataModule(
         path="parquet", data_files={"train": train_files, "validation": val_file}, vocab_size=2048, seq_len=128,

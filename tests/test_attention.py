@@ -7,7 +7,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, NoPE, SDPAttention
+from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, NoPE, SDPAttention
 from tests.conftest import CONFIG_DIR, PE_TYPES
 
 
@@ -100,7 +100,7 @@ def test_weights_are_reachable_by_plain_names():
 
 
 def test_untied_and_scaled_embeddings():
-    from model import TokenEmbedding
+    from pe_geometry.model import TokenEmbedding
 
     torch.manual_seed(0)
     scaled_untied = lambda **kw: TokenEmbedding(**kw, scaled=True, tie_weights=False)
@@ -113,7 +113,7 @@ def test_untied_and_scaled_embeddings():
 
 
 def test_mlm_masking_is_15_percent_with_80_10_10_split():
-    from model import mask_tokens
+    from pe_geometry.model import mask_tokens
 
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, 1000, (200, 500), generator=g)

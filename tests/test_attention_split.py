@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.attention_split import (
+from pe_geometry.analysis.attention_split import (
     POSITIONAL_TERMS,
     TERMS,
     attention_split,
@@ -15,7 +15,7 @@ from analysis.attention_split import (
     positional_heads,
     term_shares,
 )
-from model import DecoderLM, ExplicitAttention, LearnedPE
+from pe_geometry.model import DecoderLM, ExplicitAttention, LearnedPE
 
 D, T = 8, 6
 
@@ -130,7 +130,7 @@ def test_terms_sum_to_the_real_first_layer_scores(norm):
 
 def test_agrees_with_the_older_four_term_split_and_refines_its_bias_term():
     """The four word/position terms are unchanged; the old lumped "bias" is word_bias + pos_bias + bias_bias."""
-    from analysis.geometry import attention_terms
+    from pe_geometry.analysis.geometry import attention_terms
 
     g = torch.Generator().manual_seed(7)
     e, p = torch.randn(T, D, generator=g, dtype=torch.float64), torch.randn(T, D, generator=g, dtype=torch.float64)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from hydra.core.hydra_config import HydraConfig
 
+from pe_geometry.training.validate import ConfigError, check_config
 from tests.conftest import CONFIG_DIR, ROOT, compose_train_config
-from training.validate import ConfigError, check_config
 
 GROUPS = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 
@@ -43,7 +43,7 @@ def test_every_config_option_composes(group, option, tmp_path):
         (["pe=learned", "pe.init=orthogonal"], r"pe.init=orthogonal must be one of \['normal', 'mixed'\]"),
         (["pe=learned", "pe.init_k=0"], r"pe.init_k=0 must be a positive integer"),
         (["pe.scale=double"], r"pe.scale=double must be one of \['none', 'word_norm'\]"),
-        (["pe._target_=model.NoSuchPE"], r"pe._target_=model.NoSuchPE cannot be imported"),
+        (["pe._target_=pe_geometry.model.NoSuchPE"], r"pe._target_=pe_geometry.model.NoSuchPE cannot be imported"),
         (["data.vocab_size=100"], r"data.vocab_size=100 is too small for the bpe tokenizer: it needs at least 259"),
         (["data.tokenizer=wordpiece"], r"data.tokenizer=wordpiece must be one of \['bpe', 'char'\]"),
         (["trainer.max_steps=0"], r"trainer.max_steps=0 must be a positive"),

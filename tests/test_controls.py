@@ -9,11 +9,11 @@ from functools import partial
 import pytest
 import torch
 
-from analysis import geometry as geo
-from model.embedding import INIT_STD, TokenEmbedding
-from model.positional import LearnedPE, SinusoidalPE, sinusoidal_table
-from model.transformer import DecoderLM, EncoderDecoder
-from training.task import LanguageModelTask
+from pe_geometry.analysis import geometry as geo
+from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
+from pe_geometry.model.positional import LearnedPE, SinusoidalPE, sinusoidal_table
+from pe_geometry.model.transformer import DecoderLM, EncoderDecoder
+from pe_geometry.training.task import LanguageModelTask
 
 D, K, VOCAB = 64, 8, 300
 

@@ -21,11 +21,11 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from data.cache import atomic_write_tokens, token_dtype
-from data.corpus import VALIDATION_PLAYS, CorpusError, ShakespeareCorpus, TextFilesCorpus, markdown_to_text
-from data.datamodule import BlockDataset, TextDataModule
-from data.hf import HFDataModule
-from data.tokenizer import MAX_RUN_CHARS, check_tokenizer_settings, train_tokenizer, training_sample
+from pe_geometry.data.cache import atomic_write_tokens, token_dtype
+from pe_geometry.data.corpus import VALIDATION_PLAYS, CorpusError, ShakespeareCorpus, TextFilesCorpus, markdown_to_text
+from pe_geometry.data.datamodule import BlockDataset, TextDataModule
+from pe_geometry.data.hf import HFDataModule
+from pe_geometry.data.tokenizer import MAX_RUN_CHARS, check_tokenizer_settings, train_tokenizer, training_sample
 from tests.conftest import ROOT, TINY, compose_train_config
 
 PLAY = """# A Play
@@ -101,7 +101,7 @@ def test_cache_is_reused_and_keyed_by_settings(tmp_path, tiny_corpus, caplog):
     text = tiny_corpus["train"].read_text()
     first = make_datamodule(tmp_path, text, text[:3000])
     first.prepare_data()
-    with caplog.at_level(logging.INFO, logger="data.datamodule"):
+    with caplog.at_level(logging.INFO, logger="pe_geometry.data.datamodule"):
         second = make_datamodule(tmp_path, text, text[:3000])
         second.prepare_data()
     assert "training a bpe tokenizer" not in caplog.text  # served from the cache
@@ -233,7 +233,7 @@ def test_long_run_without_whitespace_is_cut_and_trains_fast(caplog):
     pieces = tokenizer.pre_tokenizer.pre_tokenize_str("a b " + run[:150])
     assert max(len(p) for p, _ in pieces) == MAX_RUN_CHARS
     assert tokenizer.decode(tokenizer.encode(run).ids) == run
-    with caplog.at_level(logging.INFO, logger="data.tokenizer"):
+    with caplog.at_level(logging.INFO, logger="pe_geometry.data.tokenizer"):
         started = time.perf_counter()
         train_tokenizer(training_sample([["ok", run]], max_chars=10**9), "bpe", 300)
     assert time.perf_counter() - started < 30  # minutes before the cut: BPE rescanned the whole run per merge

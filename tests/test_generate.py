@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, SDPAttention
-from model.sampling import fill_masks, generate, next_token, top_k_filter, top_p_filter
-from tests.conftest import PE_TYPES, ROOT, tiny_train_config
+from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, SDPAttention
+from pe_geometry.model.sampling import fill_masks, generate, next_token, top_k_filter, top_p_filter
+from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, tiny_train_config
 from tests.test_attention import build
 
 NEG_INF = float("-inf")
@@ -43,7 +43,7 @@ def test_cached_decoding_gives_the_logits_of_a_full_forward_pass(model_cls, pe, 
 
 def test_cached_decoding_past_the_initial_sinusoidal_table():
     """The sinusoidal table grows on demand; a cached step past its initial size gets the right row."""
-    from model import SinusoidalPE
+    from pe_geometry.model import SinusoidalPE
 
     torch.manual_seed(0)
     model = DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=lambda **kw: SinusoidalPE(**kw, max_len=8)).eval()
@@ -121,7 +121,7 @@ def test_next_token_greedy_and_filtered_sampling():
 
 
 def test_learned_table_length_limit_is_a_clear_error():
-    model = DecoderLM(vocab_size=20, d_model=16, n_heads=2, n_layers=1, pe=lambda **kw: __import__("model").LearnedPE(**kw, max_len=10))
+    model = DecoderLM(vocab_size=20, d_model=16, n_heads=2, n_layers=1, pe=lambda **kw: __import__("pe_geometry.model", fromlist=["LearnedPE"]).LearnedPE(**kw, max_len=10))
     with pytest.raises(ValueError, match=r"12 positions needed but the LearnedPE table has 10 \(pe.max_len\)"):
         generate(model, torch.zeros(1, 4, dtype=torch.long), 9)
     assert generate(model, torch.zeros(1, 4, dtype=torch.long), 7).shape == (1, 11)  # 10 positions read: fits
@@ -151,13 +151,13 @@ def trained_runs(tmp_path_factory, tiny_corpus, cache_dir):
     the end-of-training sample callback logged for each."""
     import logging
 
-    from training.pipeline import train
+    from pe_geometry.training.pipeline import train
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             samples.append(record.getMessage())
 
-    sample_log, handler = logging.getLogger("training.sample"), Keep()
+    sample_log, handler = logging.getLogger("pe_geometry.training.sample"), Keep()
     sample_log.addHandler(handler)
     sample_log.setLevel(logging.INFO)
     runs = {}
@@ -175,14 +175,14 @@ def trained_runs(tmp_path_factory, tiny_corpus, cache_dir):
 
 def generate_options(ckpt, **options) -> DictConfig:
 
-    cfg = OmegaConf.load(ROOT / "configs" / "generate.yaml")
+    cfg = OmegaConf.load(CONFIG_DIR / "generate.yaml")
     del cfg["defaults"], cfg["hydra"]
     cfg.merge_with({"ckpt_path": str(ckpt), "num_samples": 2, "max_new_tokens": 12, **options})
     return cfg
 
 
 def test_generate_rebuilds_the_model_from_the_run_config(trained_runs):
-    from generate import run
+    from pe_geometry.cli.generate import run
 
     ckpt = trained_runs["decoder"] / "checkpoints" / "last.ckpt"
     texts = run(generate_options(ckpt, prompt="HAMLET:"))
@@ -194,7 +194,7 @@ def test_generate_rebuilds_the_model_from_the_run_config(trained_runs):
 
 
 def test_generate_fills_in_the_blanks_with_an_encoder_checkpoint(trained_runs):
-    from generate import GenerateError, run
+    from pe_geometry.cli.generate import GenerateError, run
 
     ckpt = trained_runs["encoder"] / "checkpoints" / "last.ckpt"
     (text,) = run(generate_options(ckpt, prompt="To be, or not to <mask>, that is the <mask>", num_samples=1))

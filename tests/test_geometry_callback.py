@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.attention_split import first_layer_attention_split
-from analysis.geometry_callback import GeometryCallback
-from analysis.probes import frequent_token_ids
-from model import DecoderLM, ExplicitAttention, SinusoidalPE
+from pe_geometry.analysis.attention_split import first_layer_attention_split
+from pe_geometry.analysis.geometry_callback import GeometryCallback
+from pe_geometry.analysis.probes import frequent_token_ids
+from pe_geometry.model import DecoderLM, ExplicitAttention, SinusoidalPE
+from pe_geometry.training.pipeline import train
 from tests.conftest import PE_TYPES, tiny_train_config
-from training.pipeline import train
 
 CADENCE = ["trainer.max_steps=5", "callbacks.geometry.every_n_steps=2",
            "callbacks.geometry.n_tokens=50", "callbacks.geometry.probe_batch_size=4", "callbacks.checkpoint.every_n_train_steps=10"]

@@ -6,8 +6,8 @@ import scipy.linalg
 import scipy.stats
 import torch
 
-from analysis import geometry as geo
-from analysis import nulls
+from pe_geometry.analysis import geometry as geo
+from pe_geometry.analysis import nulls
 
 N_WORDS, N_POS, D = 30, 10, 12
 
@@ -133,9 +133,9 @@ def test_position_rows_inside_the_word_subspace_are_significant():
 def test_geometry_callback_logs_nulls_probe_and_full_split_at_their_cadence():
     from types import SimpleNamespace
 
-    from analysis import metric_names as names
-    from analysis.geometry_callback import GeometryCallback
-    from model import DecoderLM, LearnedPE
+    from pe_geometry.analysis import metric_names as names
+    from pe_geometry.analysis.geometry_callback import GeometryCallback
+    from pe_geometry.model import DecoderLM, LearnedPE
 
     torch.manual_seed(0)
     model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, pe=LearnedPE)

@@ -9,9 +9,9 @@ from sklearn.model_selection import GroupKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from analysis.position_probe import label_shuffles, position_probe
-from model import DecoderLM, NoPE
-from model.positional import sinusoidal_table
+from pe_geometry.analysis.position_probe import label_shuffles, position_probe
+from pe_geometry.model import DecoderLM, NoPE
+from pe_geometry.model.positional import sinusoidal_table
 
 
 def weak_signal(B: int = 20, T: int = 12, D: int = 6, seed: int = 0) -> np.ndarray:

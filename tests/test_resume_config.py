@@ -14,12 +14,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from pe_geometry.training.pipeline import train
+from pe_geometry.training.run_config import choice_contradictions, overridden_keys, resumed_config
+from pe_geometry.training.run_folder import stage_resume
+from pe_geometry.training.validate import ConfigError
 from tests.conftest import ROOT, compose_train_config, tiny_train_config
 from tests.test_reliability import corpus_args
-from training.pipeline import train
-from training.run_config import choice_contradictions, overridden_keys, resumed_config
-from training.run_folder import stage_resume
-from training.validate import ConfigError
 
 SIX_STEPS = ["trainer.max_steps=6", "trainer.val_check_interval=3", "callbacks.checkpoint.every_n_train_steps=2",
              "optimizer.warmup_steps=2", "~callbacks.geometry", "~callbacks.sample", "~callbacks.throughput"]
@@ -110,21 +110,21 @@ SAVED = {
     "seed": 3, "ckpt_path": None, "run_name": "decoder-rope-s3",
     "paths": {"output_dir": "/old/place/run", "cache_dir": "/old/cache"},
     "data": {"seed": 3, "cache_dir": "/old/cache/data", "seq_len": 16},
-    "pe": {"_target_": "model.RotaryPE", "base": 10000.0},
+    "pe": {"_target_": "pe_geometry.model.RotaryPE", "base": 10000.0},
     "trainer": {"max_steps": 60, "default_root_dir": "/old/place/run"},
-    "logger": {"csv": {"_target_": "training.callbacks.ResumableCSVLogger", "save_dir": "/old/place/run"}},
+    "logger": {"csv": {"_target_": "pe_geometry.training.callbacks.ResumableCSVLogger", "save_dir": "/old/place/run"}},
     "callbacks": {"checkpoint": {"every_n_train_steps": 20, "dirpath": "/old/place/run/checkpoints"}},
 }
 NOW = {  # as composed (unresolved) by `python train.py ckpt_path=...`: the defaults
     "seed": 0, "ckpt_path": "/new/place/run/checkpoints/last.ckpt", "run_name": "${arm:decoder,sinusoidal}-s${seed}",
     "paths": {"output_dir": "/tmp/hydra-stub", "cache_dir": "/new/cache"},
     "data": {"seed": "${seed}", "cache_dir": "${paths.cache_dir}/data", "seq_len": 128},
-    "pe": {"_target_": "model.SinusoidalPE", "max_len": 512},
+    "pe": {"_target_": "pe_geometry.model.SinusoidalPE", "max_len": 512},
     "trainer": {"max_steps": 1200, "default_root_dir": "${paths.output_dir}", "precision": "32-true"},
-    "logger": {"csv": {"_target_": "training.callbacks.ResumableCSVLogger", "save_dir": "${paths.output_dir}"},
+    "logger": {"csv": {"_target_": "pe_geometry.training.callbacks.ResumableCSVLogger", "save_dir": "${paths.output_dir}"},
                "wandb": {"_target_": "lightning.pytorch.loggers.WandbLogger"}},
     "callbacks": {"checkpoint": {"every_n_train_steps": 200, "dirpath": "${paths.output_dir}/checkpoints", "save_last": True},
-                  "sample": {"_target_": "training.sample.SampleTextCallback"}},
+                  "sample": {"_target_": "pe_geometry.training.sample.SampleTextCallback"}},
     "matmul_precision": "highest",
 }
 

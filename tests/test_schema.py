@@ -13,10 +13,10 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from pe_geometry.training import validate
+from pe_geometry.training.pipeline import train
+from pe_geometry.training.validate import ConfigError, check_config
 from tests.conftest import ROOT, compose_train_config
-from training import validate
-from training.pipeline import train
-from training.validate import ConfigError, check_config
 
 BAD_VALUES = [
     (['model.d_model=0'], 'model.d_model=0 must be a positive integer'),
@@ -46,7 +46,7 @@ BAD_VALUES = [
     (['pe=rope', '+pe.init=mixed'], 'pe.init is not a setting of pe=rope; valid: '),
     (['pe=rope', 'control=mixed_init'], 'pe.init is not a setting of pe=rope; valid: '),
     (['pe=alibi', '+pe.max_len=5'], 'pe.max_len is not a setting of pe=alibi; valid: '),
-    (['pe._target_=model.NoSuchPE'], "pe._target_=model.NoSuchPE cannot be imported (AttributeError: module 'model' has no attribute 'NoSuchPE')"),
+    (['pe._target_=pe_geometry.model.NoSuchPE'], "pe._target_=pe_geometry.model.NoSuchPE cannot be imported (AttributeError: module 'pe_geometry.model' has no attribute 'NoSuchPE')"),
     (['embedding.scaled=maybe'], 'embedding.scaled=maybe must be true or false'),
     (['embedding.tie_weights=2'], 'embedding.tie_weights=2 must be true or false'),
     (['+embedding.dim=3'], 'embedding.dim is not a setting of embedding=plain; valid: '),
@@ -175,9 +175,9 @@ def test_a_users_own_class_is_checked_against_its_constructor(tmp_path):
 
 
 def test_a_factory_function_as_target_is_checked_against_its_parameters(tmp_path):
-    check_config(compose_train_config(["+callbacks.x._target_=training.names.arm_name", "+callbacks.x.model=m", "+callbacks.x.pe=p"], tmp_path))
+    check_config(compose_train_config(["+callbacks.x._target_=pe_geometry.training.names.arm_name", "+callbacks.x.model=m", "+callbacks.x.pe=p"], tmp_path))
     with pytest.raises(ConfigError, match=r"^callbacks.x.modle is not a setting of .*valid: \['control', 'model', 'pe'\]"):
-        check_config(compose_train_config(["+callbacks.x._target_=training.names.arm_name", "+callbacks.x.modle=m"], tmp_path))
+        check_config(compose_train_config(["+callbacks.x._target_=pe_geometry.training.names.arm_name", "+callbacks.x.modle=m"], tmp_path))
 
 
 def test_a_batch_larger_than_the_training_split_is_refused(tmp_path, tiny_corpus, cache_dir):

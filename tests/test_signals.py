@@ -17,10 +17,10 @@ import pytest
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from pe_geometry.training.pipeline import train
+from pe_geometry.training.task import LanguageModelTask
 from tests.conftest import ROOT, TINY, tiny_train_config
 from tests.test_reliability import HAS_GEOMETRY, assert_same_series, corpus_args, finish, load_ckpt, logged_steps, read_rows, start
-from training.pipeline import train
-from training.task import LanguageModelTask
 
 # Geometry measures at the resume step, an extra row after an off-grid resume (see docs/RELIABILITY.md).
 NO_GEOMETRY = ["~callbacks.geometry"] if HAS_GEOMETRY else []
@@ -94,7 +94,7 @@ def test_a_signal_during_a_validation_off_the_checkpoint_grid_resumes_every_row_
 # its run, or from the last callback Python runs at exit.
 DRIVER = """
 import atexit, os, runpy, signal, sys
-import training.wandb_run as wandb_run
+import pe_geometry.training.wandb_run as wandb_run
 sig, when, train_py = signal.Signals[sys.argv.pop(1)], sys.argv.pop(1), sys.argv[1]
 if when == "wandb_teardown":
     real_finish = wandb_run.finish
@@ -151,7 +151,7 @@ def own_rng():
 
 
 def test_the_checkpoint_holds_every_ranks_random_states_and_each_rank_restores_its_own(monkeypatch, own_rng):
-    import training.task
+    from pe_geometry.training import task as training_task
 
     task = LanguageModelTask(torch.nn.Linear(2, 2))
     gpu_states = {rank: [torch.full((16,), 10 * rank + gpu, dtype=torch.uint8) for gpu in range(2)] for rank in range(2)}
@@ -163,7 +163,7 @@ def test_the_checkpoint_holds_every_ranks_random_states_and_each_rank_restores_i
         on_rank(task, rank).on_save_checkpoint(saved[rank])
         monkeypatch.undo()
     # rank 0 writes the file; a collective hands it every rank's states, indexed by global rank
-    monkeypatch.setattr(training.task, "gather_from_ranks", lambda states: [saved[0]["rng_states"], saved[1]["rng_states"]])
+    monkeypatch.setattr(training_task, "gather_from_ranks", lambda states: [saved[0]["rng_states"], saved[1]["rng_states"]])
     checkpoint = {}
     on_rank(task, 0).on_save_checkpoint(checkpoint)
     per_rank = checkpoint["rng_states_per_rank"]

@@ -29,9 +29,9 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
 from hydra_plugins.pe_geometry.launchers import how_it_died
+from pe_geometry.training import sweep
+from pe_geometry.training.names import MAX_NAME_CHARS
 from tests.conftest import CONFIG_DIR, ROOT, TINY
-from training import sweep
-from training.names import MAX_NAME_CHARS
 
 
 # -- job names ----------------------------------------------------------------------------------------------

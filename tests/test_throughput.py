@@ -6,10 +6,10 @@ import csv
 
 import pytest
 
-from model import DecoderLM
+from pe_geometry.model import DecoderLM
+from pe_geometry.training.pipeline import train
+from pe_geometry.training.throughput import training_flops_per_batch
 from tests.conftest import tiny_train_config
-from training.pipeline import train
-from training.throughput import training_flops_per_batch
 
 
 @pytest.mark.parametrize("d,L,V,T", [(128, 4, 2048, 128), (32, 2, 300, 16)])
@@ -40,7 +40,7 @@ def test_benchmark_baseline_has_the_project_decoders_shape():
     from functools import partial
 
     from experiments.benchmark import PlainGPT
-    from model import LearnedPE
+    from pe_geometry.model import LearnedPE
 
     V, d, L, H, T = 300, 32, 2, 4, 16
     project = DecoderLM(vocab_size=V, d_model=d, n_heads=H, n_layers=L, pe=partial(LearnedPE, max_len=T))

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
+from pe_geometry.training.pipeline import train
 from tests.conftest import MODEL_TYPES, PE_TYPES, ROOT, tiny_train_config
-from training.pipeline import train
 
 
 def read_csv(path):

@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy import stats as scipy_stats
 
-from analysis.verdict import combine_seeds, reading
+from pe_geometry.analysis.verdict import combine_seeds, reading
 
 
 def test_fisher_combination_matches_the_chi_square_formula():
@@ -38,7 +38,7 @@ def test_verdict_script_puts_several_reports_in_one_table(tmp_path, capsys):
     """experiments/verdict.py reads each report's summary.json; rows keep the report's name and the arm."""
     import json
 
-    from experiments.verdict import main
+    from pe_geometry.cli.verdict import main
 
     for name, observed in (("controls_learned", [0.05, 0.06]), ("dose_response", [0.02, 0.03])):
         v = combine_seeds(observed, [0.12, 0.12], [0.002, 0.004], [-4.0, -3.5], side="less")
@@ -62,7 +62,7 @@ def test_a_literal_bar_in_a_cell_does_not_split_the_markdown_table():
     """"mean |cos|" in a cell once split it in two: every row must have as many cells as the header."""
     import re
 
-    from analysis.report.tables import md_table
+    from pe_geometry.analysis.report.tables import md_table
 
     lines = md_table(["figure", "end"], [["mean |cos| over pairs", "0.1"], ["overlap", "0.2"], ["already \\| escaped", "0.3"]])
     counts = {len(re.split(r"(?<!\\)\|", line)) for line in lines if line}

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from pe_geometry.training.pipeline import train
+from pe_geometry.training.run_config import contradictions, is_fixed_on_resume, overridden_keys
+from pe_geometry.training.validate import ConfigError
 from tests.conftest import ROOT, compose_train_config, tiny_train_config
-from training.pipeline import train
-from training.run_config import contradictions, is_fixed_on_resume, overridden_keys
-from training.validate import ConfigError
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -77,7 +77,7 @@ def rope_run(tmp_path_factory, tiny_corpus, cache_dir) -> Path:
 
 def test_checkpoint_carries_the_resolved_run_config(rope_run):
     ckpt = torch.load(rope_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert ckpt["run_config"]["pe"]["_target_"] == "model.RotaryPE"
+    assert ckpt["run_config"]["pe"]["_target_"] == "pe_geometry.model.RotaryPE"
     assert ckpt["run_config"]["model"]["d_model"] == 32 and ckpt["run_config"]["data"]["vocab_size"] == 300
 
 
@@ -88,7 +88,7 @@ def test_resume_with_a_contradicting_override_fails_naming_the_keys_and_touches_
     with pytest.raises(ConfigError) as err:
         train(cfg)
     assert "model.d_model: checkpoint 32, command line 64" in str(err.value)
-    assert "pe._target_: checkpoint 'model.RotaryPE', command line 'model.SinusoidalPE'" in str(err.value)
+    assert "pe._target_: checkpoint 'pe_geometry.model.RotaryPE', command line 'pe_geometry.model.SinusoidalPE'" in str(err.value)
     assert fingerprint(rope_run) == before  # config.yaml, metrics.csv, checkpoints: byte for byte
 
 
@@ -101,7 +101,7 @@ def test_resume_rebuilds_the_checkpoint_model_and_keeps_the_first_config(rope_ru
     train(cfg)
     saved = [torch.load(p, map_location="cpu", weights_only=False) for p in (run / "checkpoints").glob("*.ckpt")]
     ckpt = max(saved, key=lambda c: c["global_step"])
-    assert ckpt["global_step"] == 5 and ckpt["run_config"]["pe"]["_target_"] == "model.RotaryPE"
+    assert ckpt["global_step"] == 5 and ckpt["run_config"]["pe"]["_target_"] == "pe_geometry.model.RotaryPE"
     assert (run / "config.yaml").read_text() == first_config
     resumed = (run / "config-resume-step3.yaml").read_text()
     assert "RotaryPE" in resumed and "trainer.max_steps" in resumed  # the change is recorded
@@ -140,7 +140,7 @@ def test_logger_none_trains_and_validates_at_the_end(tmp_path, tiny_corpus, cach
 def test_csv_hparams_hold_the_whole_config(tmp_path, tiny_corpus, cache_dir):
     train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["pe=alibi", "trainer.max_steps=1"]))
     hparams = (tmp_path / "run" / "csv" / "hparams.yaml").read_text()
-    assert "model.ALiBiPE" in hparams and "d_model: 32" in hparams and "vocab_size: 300" in hparams
+    assert "pe_geometry.model.ALiBiPE" in hparams and "d_model: 32" in hparams and "vocab_size: 300" in hparams
 
 
 # -- sweeps through the CLI: one W&B run per job, one group ---------------------------------------
@@ -168,7 +168,7 @@ def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tin
     assert len({r["run"]["run_id"] for r in runs}) == 2
     assert len({r["run"]["run_group"] for r in runs}) == 1 and runs[0]["run"]["run_group"] == f"{tmp_path.name}_sweep"
     assert [r["run"]["display_name"] for r in runs] == ["decoder-sinusoidal-s0", "decoder-learned-s0"]
-    assert [r["config"]["pe"]["_target_"] for r in runs] == ["model.SinusoidalPE", "model.LearnedPE"]
+    assert [r["config"]["pe"]["_target_"] for r in runs] == ["pe_geometry.model.SinusoidalPE", "pe_geometry.model.LearnedPE"]
     assert [r["config"]["choices"]["pe"] for r in runs] == ["sinusoidal", "learned"]  # groupable by option name
     for r in runs:
         assert r["run"]["job_type"] == "default" and r["exit"]["exit"]["exit_code"] in (0, None)
@@ -211,7 +211,7 @@ def test_ctrl_c_prints_the_resume_override(tmp_path, tiny_corpus):
 def test_run_folder_names_say_what_ran_and_can_be_passed_back_as_ckpt_path():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from training.names import run_folder_name
+    from pe_geometry.training.names import run_folder_name
 
     assert run_folder_name(None, "decoder", "sinusoidal", "") == "default_decoder-sinusoidal"
     name = run_folder_name("quick", "decoder", "rope", "model.d_model-64+trainer.max_steps-20")
@@ -234,7 +234,7 @@ def test_control_arms_get_their_own_run_names():
 
 
 def test_summary_names_loss_geometry_against_chance_and_the_next_commands(tmp_path):
-    from training.summary import run_summary
+    from pe_geometry.training.summary import run_summary
 
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "metrics.csv").write_text("step\n")

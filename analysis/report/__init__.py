@@ -1,6 +1,0 @@
-"""The sweep report, cut along its sections: ``build`` gathers the numbers and writes the files,
-``figures`` draws, ``tables`` formats cells and per-measure tables, ``markdown`` writes report.md."""
-
-from analysis.report.build import build_report
-
-__all__ = ["build_report"]

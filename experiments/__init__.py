@@ -1,1 +1,0 @@
-"""The science: geometry measures, pretrained-checkpoint analysis, reports."""

@@ -1,0 +1,455 @@
+"""Geometry of word vs position information, every figure next to its chance level.
+
+Pure functions on torch tensors (no Lightning, no Hydra). One module for all measures (about 470
+lines, above the usual 400) because the three sections (input level, hidden states, attention
+terms) share the private helpers and the chance-level conventions below. Conventions:
+  E  (n_words, d)      word-embedding rows, unscaled (norm_report takes the model's embed_scale)
+  P  (n_positions, d)  position rows (sinusoidal or learned table)
+  H  (B, T, D)         hidden states at one layer, any PE type
+  U, V (d, k)          orthonormal bases (columns) of subspaces
+Work is done in float64; scalar measures come back as python floats, tensors as float64.
+
+Why the chance levels: two independent random vectors in d
+dimensions already have |cos| ~ sqrt(2/(pi d)), so a table of cosines near 0 says
+nothing on its own. Each measure X that has a chance value is reported as X and
+X_chance (analytic or Monte-Carlo expectation under isotropic randomness), and the
+pairwise table also as X_random (the same table on Gaussian matrices of the same shapes).
+"""
+
+import functools
+import math
+
+import torch
+from torch import Tensor
+
+ATTENTION_TERMS = ("word_word", "pos_pos", "word_pos", "pos_word", "bias")
+
+
+def _f64(x: Tensor) -> Tensor:
+    return x.detach().to(torch.float64)
+
+
+def _centre(X: Tensor) -> Tensor:
+    X = _f64(X)
+    return X - X.mean(dim=0, keepdim=True)
+
+
+def _unit_rows(X: Tensor) -> Tensor:
+    X = _f64(X)
+    return X / X.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+
+
+def _gaussian(shape: tuple[int, ...], seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+# ----------------------------------------------------------------------------- pairwise
+
+
+def pairwise_cosine_table(E: Tensor, P: Tensor) -> dict[str, float]:
+    """Statistics of the cosine between every word row and every position row.
+
+    cos_mean in [-1, 1]; cos_std in [0, 1]; abs_cos_mean in [0, 1] (0 = every pair orthogonal);
+    angle_*_deg in [0, 180] (90 = orthogonal). Cosines ignore scale, so E need not be scaled.
+    Chance for random vectors in d dims: cos_mean 0, cos_std 1/sqrt(d) (exact),
+    abs_cos_mean chance_abs_cos(d), angle_mean 90.
+    """
+    cos = _unit_rows(E) @ _unit_rows(P).T  # (n_words, n_positions)
+    angle = torch.rad2deg(torch.arccos(cos.clamp(-1.0, 1.0)))
+    return {
+        "cos_mean": cos.mean().item(),
+        "cos_std": cos.std(correction=0).item(),
+        "abs_cos_mean": cos.abs().mean().item(),
+        "angle_mean_deg": angle.mean().item(),
+        "angle_std_deg": angle.std(correction=0).item(),
+        "angle_min_deg": angle.min().item(),
+        "angle_max_deg": angle.max().item(),
+    }
+
+
+def chance_abs_cos(d: int) -> float:
+    """Exact E|cos| of two independent isotropic random vectors in d >= 2 dims.
+
+    cos has density ~ (1 - t^2)^((d-3)/2) on [-1, 1], which gives
+    E|cos| = Gamma(d/2) / (sqrt(pi) Gamma((d+1)/2)) ~ sqrt(2 / (pi d)) for large d
+    (2/pi at d=2, 1/2 at d=3; 0.0407 at d=384, 0.0288 at d=768). Range (0, 1).
+    """
+    if d < 2:
+        raise ValueError(f"d must be >= 2, got {d}")
+    return math.exp(math.lgamma(d / 2) - math.lgamma((d + 1) / 2)) / math.sqrt(math.pi)
+
+
+def random_baseline_table(n_words: int, n_positions: int, d: int, seed: int = 0) -> dict[str, float]:
+    """pairwise_cosine_table on standard Gaussian matrices of the given shapes (fixed seed).
+
+    The reference a real table must beat: same number of pairs, same d, no structure.
+    Extremes (angle_min/max) depend on the number of pairs, so only this baseline fits them.
+    """
+    E = _gaussian((n_words, d), seed)
+    P = _gaussian((n_positions, d), seed + 1)
+    return pairwise_cosine_table(E, P)
+
+
+# ----------------------------------------------------------------------------- subspaces
+
+
+def _principal_axes(X: Tensor) -> tuple[Tensor, Tensor]:
+    """Singular values (descending) and principal directions (rows of Vh) of the centred X."""
+    _, s, Vh = torch.linalg.svd(_centre(X), full_matrices=False)
+    return s, Vh
+
+
+def _n_directions(s: Tensor, n_rows: int, k: int | None, var_threshold: float) -> int:
+    """k, or the fewest directions explaining var_threshold of the variance; within [1, min(n-1, d)]."""
+    if k is None:
+        frac = (s**2).cumsum(0) / (s**2).sum()
+        k = int((frac < var_threshold).sum().item()) + 1
+    return max(1, min(k, n_rows - 1, len(s)))
+
+
+def top_principal_directions(X: Tensor, k: int | None = None, var_threshold: float = 0.9) -> Tensor:
+    """Orthonormal basis (d, k) of the top-k principal directions of the rows of X (n, d).
+
+    X is centred first. If k is None, k is the smallest number of directions whose
+    explained variance reaches var_threshold. k is clipped to [1, min(n-1, d)]
+    (a centred n-row matrix has rank at most n-1).
+    """
+    s, Vh = _principal_axes(X)
+    return Vh[: _n_directions(s, X.shape[0], k, var_threshold)].T
+
+
+def principal_angles_deg(U: Tensor, V: Tensor) -> Tensor:
+    """Principal angles (degrees, ascending, min(kU, kV) of them) between span(U) and span(V).
+
+    U (d, kU), V (d, kV) must have orthonormal columns. 0 deg = a shared direction,
+    90 deg = orthogonal directions. Cosines come from svd(U^T V), sines from
+    svd((I - U U^T) V); the sine is used for angles below 45 deg, where arccos is
+    inaccurate (Bjorck & Golub 1973, as in scipy.linalg.subspace_angles).
+    """
+    U, V = _f64(U), _f64(V)
+    if U.shape[1] < V.shape[1]:
+        U, V = V, U
+    M = U.T @ V  # (kU, kV), kU >= kV
+    cos = torch.linalg.svdvals(M).clamp(0.0, 1.0)  # descending: smallest angle first
+    sin = torch.linalg.svdvals(V - U @ M).clamp(0.0, 1.0).flip(0)  # ascending: smallest angle first
+    angle = torch.where(cos**2 >= 0.5, torch.arcsin(sin), torch.arccos(cos))
+    return torch.rad2deg(angle)
+
+
+def subspace_overlap(U: Tensor, V: Tensor) -> float:
+    """||U^T V||_F^2 / min(kU, kV) = mean squared cosine of the principal angles.
+
+    Range [0, 1]: 0 = orthogonal subspaces, 1 = the smaller one lies inside the larger.
+    """
+    U, V = _f64(U), _f64(V)
+    return ((U.T @ V) ** 2).sum().item() / min(U.shape[1], V.shape[1])
+
+
+def subspace_overlap_chance(kU: int, kV: int, d: int) -> float:
+    """Expected subspace_overlap of a kU- and a kV-dim subspace drawn uniformly in d dims.
+
+    For a uniformly random V, E[V V^T] = (kV/d) I (rotation invariance, trace kV), so
+    E||U^T V||_F^2 = tr(U^T E[V V^T] U) = kU kV / d; dividing by min(kU, kV) gives
+    max(kU, kV) / d. Large subspaces overlap by chance: k_E = 300 of d = 384 gives 0.78.
+    """
+    return max(kU, kV) / d
+
+
+@functools.lru_cache(maxsize=64)
+def principal_angles_chance(k: int, d: int, n_draws: int = 32, seed: int = 0) -> tuple[float, float]:
+    """Monte-Carlo (mean, min) principal angle in degrees between two uniform k-dim subspaces."""
+    g = torch.Generator().manual_seed(seed)
+    means, mins = [], []
+    for _ in range(n_draws):
+        U = torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64))[0]
+        V = torch.linalg.qr(torch.randn(d, k, generator=g, dtype=torch.float64))[0]
+        angle = principal_angles_deg(U, V)
+        means.append(angle.mean().item())
+        mins.append(angle.min().item())
+    return sum(means) / n_draws, sum(mins) / n_draws
+
+
+def effective_rank(X: Tensor, centre: bool = True) -> float:
+    """Entropy effective rank (Roy & Vetterli 2007): exp(H(p)), p_i = s_i / sum(s).
+
+    s = singular values of X (centred by default). Range [1, min(n, d)] (min(n-1, d)
+    when centred): 1 = all variance along one direction, min(n, d) = flat spectrum.
+    """
+    return _entropy_rank(torch.linalg.svdvals(_centre(X) if centre else _f64(X)))
+
+
+def _entropy_rank(s: Tensor) -> float:
+    p = s / s.sum()
+    p = p[p > 0]
+    return math.exp(-(p * p.log()).sum().item())
+
+
+@functools.lru_cache(maxsize=64)
+def effective_rank_chance(n: int, d: int, seed: int = 0) -> float:
+    """effective_rank of an (n, d) standard Gaussian matrix (fixed seed): the no-structure reference."""
+    return effective_rank(_gaussian((n, d), seed))
+
+
+def subspace_report(E: Tensor, P: Tensor, var_threshold: float = 0.9, fixed_k: int = 8, seed: int = 0) -> dict[str, float]:
+    """Do word rows and position rows span different subspaces? Each figure with its chance.
+
+    At the dimension counts reaching var_threshold of variance (k_E, k_P) and at a fixed k:
+    overlap (0 = orthogonal, 1 = nested) vs the uniform-random-subspace expectation;
+    principal angles at fixed k (90 = orthogonal) vs Monte-Carlo random subspaces;
+    effective rank of E and of P vs a Gaussian matrix of the same shape.
+    """
+    d = E.shape[1]
+    thr = f"var{round(100 * var_threshold)}"
+    (s_E, Vh_E), (s_P, Vh_P) = _principal_axes(E), _principal_axes(P)  # one SVD each serves every k
+    k_E, k_P = _n_directions(s_E, E.shape[0], None, var_threshold), _n_directions(s_P, P.shape[0], None, var_threshold)
+    k = min(_n_directions(s_E, E.shape[0], fixed_k, var_threshold), _n_directions(s_P, P.shape[0], fixed_k, var_threshold))
+    angle = principal_angles_deg(Vh_E[:k].T, Vh_P[:k].T)
+    angle_mean_chance, angle_min_chance = principal_angles_chance(k, d, seed=seed)
+    return {
+        f"k_E_{thr}": k_E,
+        f"k_P_{thr}": k_P,
+        f"overlap_{thr}": subspace_overlap(Vh_E[:k_E].T, Vh_P[:k_P].T),
+        f"overlap_{thr}_chance": subspace_overlap_chance(k_E, k_P, d),
+        f"overlap_k{fixed_k}": subspace_overlap(Vh_E[:k].T, Vh_P[:k].T),
+        f"overlap_k{fixed_k}_chance": subspace_overlap_chance(k, k, d),
+        f"angle_mean_k{fixed_k}_deg": angle.mean().item(),
+        f"angle_mean_k{fixed_k}_deg_chance": angle_mean_chance,
+        f"angle_min_k{fixed_k}_deg": angle.min().item(),
+        f"angle_min_k{fixed_k}_deg_chance": angle_min_chance,
+        "erank_E": _entropy_rank(s_E),
+        "erank_E_chance": effective_rank_chance(*E.shape, seed=seed),
+        "erank_P": _entropy_rank(s_P),
+        "erank_P_chance": effective_rank_chance(*P.shape, seed=seed + 1),
+    }
+
+
+def norm_report(E: Tensor, P: Tensor, embed_scale: float = 1.0) -> dict[str, float]:
+    """Mean L2 norm of word rows (times embed_scale, e.g. sqrt(d_model)) and of position rows.
+
+    norm_ratio_p_over_e > 1 means position dominates the sum e + p; << 1 means words do.
+    """
+    e_norm = (embed_scale * _f64(E)).norm(dim=-1).mean().item()
+    p_norm = _f64(P).norm(dim=-1).mean().item()
+    return {"norm_e_mean": e_norm, "norm_p_mean": p_norm, "norm_ratio_p_over_e": p_norm / e_norm}
+
+
+def geometry_report(E: Tensor, P: Tensor, embed_scale: float = 1.0, seed: int = 0) -> dict[str, float]:
+    """Everything above in one flat dict with stable names (pairwise, subspace, norms).
+
+    X_chance: analytic / Monte-Carlo expectation for isotropic random vectors or subspaces;
+    X_random: the pairwise table on Gaussian matrices of the same shapes as E and P.
+    """
+    d = E.shape[1]
+    report = pairwise_cosine_table(E, P)
+    random = random_baseline_table(E.shape[0], P.shape[0], d, seed=seed)
+    report |= {f"{name}_random": value for name, value in random.items()}
+    report |= {
+        "cos_mean_chance": 0.0,
+        "cos_std_chance": 1.0 / math.sqrt(d),
+        "abs_cos_mean_chance": chance_abs_cos(d),
+        "angle_mean_deg_chance": 90.0,
+    }
+    report |= subspace_report(E, P, seed=seed)
+    report |= norm_report(E, P, embed_scale=embed_scale)
+    return report
+
+
+# ----------------------------------------------------------------------------- hidden states
+
+
+def position_token_means(H: Tensor, tokens: Tensor, min_count: int = 2) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-position means (T, D), per-token means (n_tok, D) and those tokens' ids (n_tok,).
+
+    H (B, T, D) hidden states, tokens (B, T) ids. Only tokens occurring at least
+    min_count times get a mean (a token seen once is its own position's sample).
+    """
+    B, T, D = H.shape
+    H = _f64(H)
+    pos_means = H.mean(dim=0)  # (T, D)
+    flat_ids = tokens.reshape(-1).long()
+    ids, inverse, counts = torch.unique(flat_ids, return_inverse=True, return_counts=True)
+    sums = torch.zeros(len(ids), D, dtype=torch.float64).index_add_(0, inverse, H.reshape(-1, D))
+    keep = counts >= min_count
+    tok_means = sums[keep] / counts[keep, None]
+    return pos_means, tok_means, ids[keep]
+
+
+RIDGE_ALPHAS = (0.1, 1.0, 10.0, 100.0, 1e3, 1e4)
+
+
+def _ridge_r2(H_tr: Tensor, y_tr: Tensor, H_te: Tensor, y_te: Tensor, alphas: tuple[float, ...]) -> list[float]:
+    """Held-out R^2 of ridge regressions (one per alpha) from rows of H to y.
+
+    Features are z-scored on the train rows; the intercept is not penalised.
+    """
+    D = H_tr.shape[-1]
+    X_tr, X_te = _f64(H_tr).reshape(-1, D), _f64(H_te).reshape(-1, D)
+    y_tr, y_te = _f64(y_tr).reshape(-1), _f64(y_te).reshape(-1)
+    mu, sd = X_tr.mean(0), X_tr.std(0).clamp_min(1e-12)
+    X_tr, X_te = (X_tr - mu) / sd, (X_te - mu) / sd
+    y_mean = y_tr.mean()
+    evals, evecs = torch.linalg.eigh(X_tr.T @ X_tr)  # one decomposition serves every alpha
+    proj = evecs.T @ (X_tr.T @ (y_tr - y_mean))
+    total = ((y_te - y_te.mean()) ** 2).sum().clamp_min(1e-300)
+    r2 = []
+    for alpha in alphas:
+        w = evecs @ (proj / (evals.clamp_min(0.0) + alpha))
+        r2.append(1.0 - (((y_te - y_mean - X_te @ w) ** 2).sum() / total).item())
+    return r2
+
+
+def _choose_alpha(H: Tensor, y: Tensor, n_folds: int = 4) -> float:
+    """The alpha of RIDGE_ALPHAS with the best mean R^2 over folds of whole sequences."""
+    n_folds = min(n_folds, H.shape[0])
+    if n_folds < 2:
+        return 1.0
+    scores = torch.zeros(len(RIDGE_ALPHAS), dtype=torch.float64)
+    for f in range(n_folds):
+        val = torch.arange(f, H.shape[0], n_folds)
+        fit = torch.tensor([i for i in range(H.shape[0]) if i % n_folds != f])
+        scores += torch.tensor(_ridge_r2(H[fit], y[fit], H[val], y[val], RIDGE_ALPHAS))
+    return RIDGE_ALPHAS[int(scores.argmax())]
+
+
+def ridge_position_probe(
+    H: Tensor, positions: Tensor, alpha: float | None = None, seed: int = 0, test_frac: float = 0.25
+) -> float:
+    """Held-out R^2 of a closed-form ridge regression from hidden vector to position index.
+
+    H (B, T, D), positions (B, T). Sequences (not rows) are split train/test with a
+    seeded permutation, so no sequence is in both. Features are z-scored on train rows.
+    alpha=None picks the ridge penalty from RIDGE_ALPHAS by 4-fold cross-validation over
+    the train sequences (a fixed alpha overfits or underfits depending on D and the
+    number of rows, which moves R^2 a lot on real hidden states). R^2 <= 1: 1 = position
+    read off perfectly, 0 = no better than the test mean, < 0 = worse (fitted noise).
+    """
+    B = H.shape[0]
+    if B < 2:
+        raise ValueError("need at least 2 sequences to split train/test by sequence")
+    order = torch.randperm(B, generator=torch.Generator().manual_seed(seed))
+    n_test = min(B - 1, max(1, round(B * test_frac)))
+    test, train = order[:n_test], order[n_test:]
+    if alpha is None:
+        alpha = _choose_alpha(H[train], positions[train])
+    return _ridge_r2(H[train], positions[train], H[test], positions[test], (alpha,))[0]
+
+
+def hidden_state_report(H: Tensor, tokens: Tensor, fixed_k: int = 8, seed: int = 0, min_count: int = 2) -> dict[str, float]:
+    """How much position information a layer's hidden states carry, for any PE type.
+
+    overlap_pos_tok_k*: overlap (0 = orthogonal, 1 = nested) of the top principal
+      subspaces of the centred per-position means and per-token means; _chance for
+      uniform random subspaces; _shuffled with positions shuffled across rows, which
+      keeps H's anisotropy (the fairer baseline when a few directions dominate H).
+    position_var_share: between-position share of total variance, in [0, 1]; _chance is
+      its exact expectation (T-1)/(N-1) for N exchangeable rows (one-way ANOVA).
+    position_probe_r2: held-out R^2 of ridge_position_probe; _chance the same probe
+      with positions shuffled across rows (about 0 or below).
+    """
+    B, T, D = H.shape
+    H = _f64(H)
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(B * T, generator=g)
+    pos_means, tok_means, _ = position_token_means(H, tokens, min_count)
+    pos_means_shuf = H.reshape(B * T, D)[perm].reshape(B, T, D).mean(dim=0)  # rows dealt to random positions
+    k = min(fixed_k, T - 1, len(tok_means) - 1, D)
+    U_tok = top_principal_directions(tok_means, k=k)
+    positions = torch.arange(T).expand(B, T)
+    positions_shuf = positions.reshape(-1)[perm].reshape(B, T)
+    total_var = ((H - H.mean(dim=(0, 1))) ** 2).sum()
+    between_var = B * ((pos_means - H.mean(dim=(0, 1))) ** 2).sum()
+    return {
+        f"overlap_pos_tok_k{fixed_k}": subspace_overlap(top_principal_directions(pos_means, k=k), U_tok),
+        f"overlap_pos_tok_k{fixed_k}_chance": subspace_overlap_chance(k, k, D),
+        f"overlap_pos_tok_k{fixed_k}_shuffled": subspace_overlap(top_principal_directions(pos_means_shuf, k=k), U_tok),
+        "position_var_share": (between_var / total_var).item(),
+        "position_var_share_chance": (T - 1) / (B * T - 1),
+        "position_probe_r2": ridge_position_probe(H, positions, seed=seed),
+        "position_probe_r2_chance": ridge_position_probe(H, positions_shuf, seed=seed),
+    }
+
+
+# ----------------------------------------------------------------------------- attention terms
+
+
+def split_layernorm(
+    e: Tensor, p: Tensor, ln_weight: Tensor, ln_bias: Tensor | None = None, eps: float = 1e-5
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Split LN(e + p) into a word part e', a position part p' and a constant b'.
+
+    LN(x) = g * (x - mu(x)) / sigma(x) + b is not linear in x, but with sigma taken from
+    the sum x = e + p it splits exactly, because the mean is linear:
+        (x - mu(x)) / sigma = (e - mu(e)) / sigma + (p - mu(p)) / sigma.
+    So e' = g (e - mu(e)) / sigma, p' = g (p - mu(p)) / sigma, b' = b, and
+    e' + p' + b' == LN(e + p). Each part is centred and shares the sum's 1/sigma,
+    the standard convention for attributing through LayerNorm. e, p (..., D).
+    """
+    e, p = _f64(e), _f64(p)
+    x = e + p
+    sigma = (x.var(dim=-1, correction=0, keepdim=True) + eps).sqrt()
+    g = _f64(ln_weight)
+    e_part = g * (e - e.mean(dim=-1, keepdim=True)) / sigma
+    p_part = g * (p - p.mean(dim=-1, keepdim=True)) / sigma
+    b_part = (_f64(ln_bias) if ln_bias is not None else torch.zeros_like(g)).expand_as(x)
+    return e_part, p_part, b_part
+
+
+def split_rmsnorm(e: Tensor, p: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """Split RMSNorm(e + p) = g (e + p) / rms(e + p) into g e / rms + g p / rms (exact)."""
+    e, p = _f64(e), _f64(p)
+    rms = ((e + p).pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()
+    return _f64(weight) * e / rms, _f64(weight) * p / rms
+
+
+def attention_terms(
+    e: Tensor,
+    p: Tensor,
+    W_q: Tensor,
+    W_k: Tensor,
+    b_q: Tensor | None = None,
+    b_k: Tensor | None = None,
+    *,
+    n_heads: int,
+) -> dict[str, Tensor]:
+    """Split attention scores for x = e + p into word/position terms.
+
+    e, p (T, D): word and position parts of the layer's input. If the layer normalises
+    its input first, the caller splits the normalisation (split_layernorm: x = e'+p'+b')
+    and folds the constant b' into the biases: b_q <- b_q + b' W_q, b_k <- b_k + b' W_k.
+    W_q, W_k (D, n_heads * d_head) as used by x @ W (for an nn.Linear pass weight.T).
+    b_q, b_k (n_heads * d_head,) or None.
+
+    Returns (n_heads, T, T) tensors, each divided by sqrt(d_head):
+      word_word (e_i Wq)(e_j Wk)^T   pos_pos  (p_i Wq)(p_j Wk)^T
+      word_pos  (e_i Wq)(p_j Wk)^T   pos_word (p_i Wq)(e_j Wk)^T
+      bias      (x_i Wq) b_k^T + b_q (x_j Wk)^T + b_q b_k^T  (zeros without biases)
+    and their sum is exactly (x Wq + b_q)(x Wk + b_k)^T / sqrt(d_head) per head. In
+    bias, only b_q (x_j Wk)^T varies along keys j; the rest is constant per query row
+    and cancels in the softmax.
+    """
+    from pe_geometry.analysis.attention_split import attention_split  # the seven-term split; here its three bias terms are lumped
+
+    terms = attention_split(e, p, W_q, W_k, b_q, b_k, n_heads=n_heads)
+    bias = terms.pop("word_bias") + terms.pop("pos_bias") + terms.pop("bias_bias")
+    return {**terms, "bias": bias}
+
+
+def attention_term_shares(terms: dict[str, Tensor], mask: Tensor | None = None) -> dict[str, Tensor]:
+    """Per-head share of attention-score variance due to each term, (n_heads,) each.
+
+    Variance is taken along keys within each query row (what the softmax sees; per-row
+    constants cancel), pooled over rows; mask (T, T) bool marks allowed keys (e.g.
+    causal). share_t = Cov(term_t, S) / Var(S) with S the summed score: the shares sum to
+    1 exactly; a share can fall outside [0, 1] when terms cancel each other.
+    """
+    from pe_geometry.analysis.attention_split import term_shares
+
+    shares = term_shares(terms, mask)
+    shares.pop("positional")  # a sum over the seven-term names; not meaningful for this split
+    return shares
+
+
+def positional_heads(shares: dict[str, Tensor], threshold: float = 0.5, term: str = "pos_pos") -> list[int]:
+    """Heads whose score variance is mostly (share > threshold) the position-position term."""
+    return [h for h, share in enumerate(shares[term].tolist()) if share > threshold]

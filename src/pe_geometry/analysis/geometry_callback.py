@@ -1,0 +1,188 @@
+"""Record word/position geometry during training, as metrics every logger receives.
+
+``GeometryCallback`` measures at initialisation (before the first optimiser step),
+every ``every_n_steps`` steps and at the end, and logs flat ``geometry/...`` metrics
+(each with its ``..._chance`` companion where one exists) at the training step, so
+CSV and W&B curves line up across runs. Three families, each optional:
+
+- ``input``: the seed article's pairwise table and the subspace/norm measures between
+  the word rows actually used (the ``n_tokens`` most frequent training tokens, scaled
+  as the model scales them) and the position rows actually used (``0..seq_len-1``).
+  Only for encodings that add a table to the input (sinusoidal, learned). Each figure also
+  gets its spectra-keeping null (``analysis.nulls``, ``null_draws`` rotations of P):
+  ``_null_mean``, ``_null_std``, ``_z``, ``_p``; plus the variance-weighted overlaps.
+- ``hidden``: position vs token structure of the hidden states at the input of each
+  block and at the output, on a fixed probe batch of validation blocks. Works for
+  every PE type (RoPE, ALiBi and none included). At the first and last record and every
+  ``position_probe_every_n_steps`` steps, also the powered position probe
+  (``analysis.position_probe``: ``position_probe_blocks`` blocks, grouped CV, a null of
+  ``position_probe_permutations`` relabellings): ``position_r2``, ``log_position_r2``.
+- ``attention``: block 0 score split into every word/position/bias term for additive-PE
+  models (``analysis.attention_split``): per-head variance shares, ``positional_share``
+  (all position-dependent terms) and the count of positional heads by it.
+
+Metric names come from ``analysis.metric_names``; ``records`` keeps every logged dict by
+training step, so end-of-run code can read init and final geometry without a logger.
+
+It runs on global rank 0 only, under ``torch.no_grad`` with the RNG state saved and
+restored, and puts the model back in training mode, so it never changes training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+
+from pe_geometry.analysis import geometry as geo
+from pe_geometry.analysis import metric_names as names
+from pe_geometry.analysis.attention_split import first_layer_attention_split, positional_heads
+from pe_geometry.analysis.nulls import rotation_null
+from pe_geometry.analysis.position_probe import position_probe
+from pe_geometry.analysis.probes import frequent_token_ids
+from pe_geometry.model.transformer import LanguageModel
+
+log = logging.getLogger(__name__)
+MEASURES = ("input", "hidden", "attention")
+
+
+class GeometryCallback(L.Callback):
+    def __init__(
+        self,
+        every_n_steps: int = 100,
+        n_tokens: int = 1000,
+        measures: Sequence[str] = MEASURES,
+        probe_batch_size: int = 8,
+        fixed_k: int = 8,
+        positional_head_threshold: float = 0.5,
+        seed: int = 0,
+        null_draws: int = 100,
+        position_probe_every_n_steps: int = 500,
+        position_probe_blocks: int = 128,
+        position_probe_permutations: int = 20,
+    ) -> None:
+        unknown = sorted(set(measures) - set(MEASURES))
+        if unknown:
+            raise ValueError(f"unknown geometry measure(s) {unknown}; valid: {list(MEASURES)}")
+        if every_n_steps <= 0:
+            raise ValueError(f"callbacks.geometry.every_n_steps={every_n_steps} must be positive")
+        self.every_n_steps, self.n_tokens, self.measures = every_n_steps, n_tokens, tuple(measures)
+        self.probe_batch_size, self.fixed_k, self.threshold, self.seed = probe_batch_size, fixed_k, positional_head_threshold, seed
+        minimum = {"null_draws": (null_draws, 2), "position_probe_every_n_steps": (position_probe_every_n_steps, 1),
+                   "position_probe_blocks": (position_probe_blocks, 5), "position_probe_permutations": (position_probe_permutations, 2)}
+        for key, (value, least) in minimum.items():
+            if value < least:
+                raise ValueError(f"callbacks.geometry.{key}={value} must be >= {least}")
+        # The nulls have their own fixed seeds (0), not the run's: every run is tested against the same rotations
+        # and the same relabellings, so seeds differ only by what they trained.
+        self.null_draws, self.probe_every = null_draws, position_probe_every_n_steps
+        self.n_probe_blocks, self.probe_permutations = position_probe_blocks, position_probe_permutations
+        self.position_blocks = torch.empty(0, 0, dtype=torch.long)  # chosen in setup
+        self._last_step: int | None = None
+        self.records: dict[int, dict[str, float]] = {}  # training step -> the metrics logged at that step
+
+    # -- what to measure on, chosen once -------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        dm = trainer.datamodule
+        tokenizer = dm.tokenizer
+        specials = [tokenizer.token_to_id(t) for t in ("<unk>", "<mask>", "<eos>")]
+        self.token_ids, counts = frequent_token_ids(dm.streams["train"], dm.vocab_size, self.n_tokens, specials)
+        self.seq_len = dm.seq_len
+        val = torch.from_numpy(dm.streams["validation"][: self.probe_batch_size * dm.seq_len].astype(np.int64))
+        self.probe = val[: (len(val) // dm.seq_len) * dm.seq_len].view(-1, dm.seq_len)  # (B, T) fixed blocks
+        long = torch.from_numpy(dm.streams["validation"][: self.n_probe_blocks * dm.seq_len].astype(np.int64))
+        self.position_blocks = long[: (len(long) // dm.seq_len) * dm.seq_len].view(-1, dm.seq_len)  # >= 128 blocks: power
+        # trainer.log_dir broadcasts from rank 0 in DDP, so every rank must read it (a rank-0-only
+        # read deadlocks the others); only rank 0 writes.
+        log_dir = trainer.log_dir
+        if trainer.is_global_zero and log_dir is not None:
+            rule = {
+                "word_rows": f"the {len(self.token_ids)} most frequent training tokens (special tokens excluded)",
+                "position_rows": f"positions 0..{self.seq_len - 1} (the positions seen in training)",
+                "probe": f"the first {len(self.probe)} validation blocks of {self.seq_len} tokens",
+                "position_probe": f"the first {len(self.position_blocks)} validation blocks of {self.seq_len} tokens",
+                "share_of_training_tokens": float(counts.sum() / len(dm.streams["train"])),
+                "tokens": [tokenizer.id_to_token(int(i)) for i in self.token_ids],
+            }
+            out = Path(trainer.default_root_dir) / "geometry_tokens.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(rule, indent=1))
+
+    # -- when -------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Step 0 (initialisation), or a resume step on the cadence (re-measured exactly as the first segment did).
+        # A resume off the cadence (a Ctrl-C checkpoint) is not measured: the uninterrupted run has no row there.
+        if trainer.global_step % self.every_n_steps == 0:
+            self._record(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        # The last step is final here already: when it falls on the cadence, on_train_end finds it recorded
+        # and skips it, so the probe (final records only, off its own cadence) would be missing at the end.
+        last = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
+        if trainer.global_step % self.every_n_steps == 0 or last:
+            self._record(trainer, pl_module, final=last)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record(trainer, pl_module, final=True)
+
+    # -- what -------------------------------------------------------------------------
+    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, final: bool = False) -> None:
+        step = trainer.global_step
+        if not trainer.is_global_zero or step == self._last_step:
+            return
+        self._last_step = step
+        model: LanguageModel = pl_module.model
+        if not all(p.isfinite().all() for p in model.parameters()):  # an SVD of NaN weights raises LinAlgError
+            log.warning("geometry not measured at step %d: the weights hold nan/inf", step)
+            return
+        was_training = model.training
+        model.eval()
+        # The powered position probe costs ~10x a record: its own cadence (step 0 included) and the last record.
+        # Chosen by the step alone, so a resumed run re-measures its resume step exactly as the first segment did.
+        with_probe = final or step % self.probe_every == 0
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                metrics = self.measure(model, position_probe_now=with_probe)
+        except torch.linalg.LinAlgError as err:  # finite but exploding weights: nan/inf hidden states
+            log.warning("geometry not measured at step %d: %s", step, err)
+            return
+        finally:
+            model.train(was_training)
+        self.records[step] = metrics
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def measure(self, model: LanguageModel, position_probe_now: bool = False) -> dict[str, float]:
+        """All enabled measures as flat ``geometry/...`` metrics (the powered position probe if asked)."""
+        metrics: dict[str, float] = {}
+        device = model.W_E.device
+        W_pos = model.W_pos
+        if "input" in self.measures and W_pos is not None:
+            E = model.W_E[self.token_ids.to(device)].float().cpu()
+            P = W_pos[: self.seq_len].float().cpu()
+            report = geo.geometry_report(E, P, embed_scale=model.embed_scale, seed=self.seed)
+            report |= rotation_null(E, P, n_draws=self.null_draws, seed=0, fixed_k=self.fixed_k)  # same observed values
+            metrics.update({names.input_metric(k): v for k, v in report.items()})
+        probe = self.probe.to(device)
+        if "hidden" in self.measures:
+            for i, H in enumerate(model.hidden_states(probe)):
+                report = geo.hidden_state_report(H.float().cpu(), self.probe, fixed_k=self.fixed_k, seed=self.seed)
+                metrics.update({names.hidden_metric(i, k): v for k, v in report.items()})
+            if position_probe_now and len(self.position_blocks) >= 5:
+                for i, H in enumerate(model.hidden_states(self.position_blocks.to(device))):
+                    report = position_probe(H.float().cpu(), n_permutations=self.probe_permutations, seed=0)
+                    metrics.update({names.hidden_metric(i, k): v for k, v in report.items()})
+        if "attention" in self.measures and W_pos is not None:
+            shares = first_layer_attention_split(model, probe[:4])
+            shares["bias"] = shares["word_bias"] + shares["pos_bias"] + shares["bias_bias"]  # the older lumped term
+            for name, per_head in shares.items():
+                for h, value in enumerate(per_head.tolist()):
+                    metrics[names.attention_share_metric(h, name)] = value
+            metrics[names.N_POSITIONAL_HEADS] = float((shares["pos_pos"] > self.threshold).sum())
+            metrics[names.N_POSITIONAL_HEADS_ALL_TERMS] = float(len(positional_heads(shares, self.threshold)))
+        return metrics

@@ -1,0 +1,199 @@
+"""Report of a sweep: geometry vs training step per PE type, losses, length extrapolation, MiniLM beside them.
+
+    python experiments/report.py multirun/<date>/<time>                       # writes multirun/<date>/<time>/report/
+    python experiments/report.py multirun/<date>/<time> --out some/dir
+    python experiments/report.py RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis
+    python experiments/report.py RUNS --no-extrapolation --no-pretrained      # fast: only what the runs logged
+
+Reads every run below the given directory (a run = a folder with ``config.yaml`` and
+``csv/metrics.csv``), groups the runs by (model, PE type) and writes:
+
+- ``<family>.png``: one figure per geometry measure found in the logs (every ``geometry/...``
+  column; a measure logged per layer or per head gets one panel per layer/head), one line
+  per PE type (mean over seeds, band = min-max over seeds), its ``_chance`` companion as a
+  dashed line (and ``_random`` / ``_shuffled`` baselines, dotted / dash-dot);
+- ``loss.png`` (training loss, smoothed, and validation loss), ``overview.png``,
+  ``extrapolation.png`` (validation loss on 1x, 2x, 4x seq_len blocks);
+- ``report.md``: first the verdict (analysis/verdict.py: each arm's headline figures of the final
+  weights against a 2000-draw spectra-keeping null, p per seed, effect ± seed spread), then a table
+  per measure (init mean +- std, end mean +- std, chance, seeds),
+  validation loss, length extrapolation, and the pretrained MiniLM checkpoint's figures
+  (analysis/pretrained.py) beside the trained models' input-level figures;
+- ``summary.json``: every number in the tables.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from pathlib import Path
+
+from pe_geometry.analysis.metric_names import TRAIN_LOSS, VAL_LOSS
+from pe_geometry.analysis.nulls import REPORT_DRAWS
+from pe_geometry.analysis.report.figures import figure_name, plot_extrapolation, plot_family, plot_loss, plot_overview
+from pe_geometry.analysis.report.markdown import ReportData, write_markdown
+from pe_geometry.analysis.report.tables import NA
+from pe_geometry.analysis.runs import EXTRAPOLATION_FILE, Group, Run, find_runs, geometry_families, group_runs, measure_summary, stats
+from pe_geometry.analysis.verdict import group_verdict
+
+log = logging.getLogger("report")
+
+
+def run_extrapolation(runs: list[Run], multipliers: list[int], max_batches: int, compute: bool) -> None:
+    """Fill run.extrapolation: reuse a run's length_extrapolation.json if it covers the request, else evaluate."""
+    for run in runs:
+        cached = run.extrapolation
+        ckpt = run.path / "checkpoints" / "last.ckpt"
+        fresh = (
+            cached is not None
+            and set(multipliers) <= {int(m) for m in cached.get("multipliers", [])}
+            and cached.get("max_batches") == max_batches
+            and ckpt.is_file()
+            and (run.path / EXTRAPOLATION_FILE).stat().st_mtime >= ckpt.stat().st_mtime
+        )
+        if fresh or not compute:
+            continue
+        if not ckpt.is_file():
+            log.warning("%s: no checkpoints/last.ckpt, no length extrapolation", run.path)
+            continue
+        from pe_geometry.analysis.extrapolation import evaluate_lengths  # torch + the model code: only when needed
+
+        try:
+            log.info("length extrapolation: %s", run.path.name)
+            run.extrapolation = evaluate_lengths(run.path, multipliers, max_batches)
+        except Exception as err:  # one broken run must not stop the report
+            log.warning("%s: length extrapolation failed (%s: %s)", run.path, type(err).__name__, err)
+            run.extrapolation = {"error": f"{type(err).__name__}: {err}", "lengths": {}}
+
+
+def extrapolation_table(groups: list[Group], multipliers: list[int]) -> dict:
+    """label -> {lengths: {m: {loss: stats | 'n/a', beyond: stats, reason}}, ...}."""
+    table = {}
+    for g in groups:
+        results = [r.extrapolation for r in g.runs if r.extrapolation and r.extrapolation.get("lengths")]
+        if not results:
+            continue
+        entry = {"model": g.model, "pe": g.pe, "n_seeds": len(results), "lengths": {},
+                 "train_seq_len": results[0].get("train_seq_len"), "n_target_tokens": results[0].get("n_target_tokens"),
+                 "pe_max_len": results[0].get("pe_max_len")}
+        for m in multipliers:
+            cells = [res["lengths"].get(str(m)) for res in results]
+            cells = [c for c in cells if c is not None]
+            if not cells:
+                continue
+            na = [c for c in cells if c["loss"] == NA]
+            if na:
+                entry["lengths"][str(m)] = {"loss": NA, "reason": na[0].get("reason", ""), "block_len": na[0].get("block_len")}
+                continue
+            entry["lengths"][str(m)] = {
+                "loss": stats([c["loss"] for c in cells]),
+                "loss_beyond_train_len": stats([c.get("loss_beyond_train_len") for c in cells]),
+                "block_len": cells[0].get("block_len"),
+                "untrained_positions": any(c.get("untrained_positions") for c in cells),
+            }
+        table[g.label] = entry
+    return table
+
+
+def load_pretrained(path: Path | None, out_dir: Path) -> tuple[dict | None, str]:
+    """The MiniLM analysis: from --pretrained-json if that file exists, else computed (and saved there and in out_dir)."""
+    if path is not None and path.is_file():
+        return json.loads(path.read_text()), f"read from {path}"
+    try:
+        from pe_geometry.analysis.pretrained import analyse
+
+        log.info("analysing the pretrained MiniLM checkpoint (analysis/pretrained.py)")
+        results = analyse()
+    except Exception as err:  # the report stays useful without it
+        log.warning("pretrained analysis unavailable (%s: %s)", type(err).__name__, err)
+        return None, f"unavailable ({type(err).__name__}: {err})"
+    text = json.dumps(results, indent=2)
+    (out_dir / "pretrained.json").write_text(text)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return results, "computed with analysis.pretrained.analyse()"
+
+
+def build_report(
+    source: Path,
+    out: Path | None = None,
+    pretrained_json: Path | None = None,
+    extrapolation: bool = True,
+    pretrained: bool = True,
+    multipliers: tuple[int, ...] = (1, 2, 4),
+    max_batches: int = 8,
+    verdict: bool = True,
+    null_draws: int = REPORT_DRAWS,
+) -> dict:
+    """Read the runs under ``source``, write figures, report.md and summary.json to ``out``; returns the summary."""
+    source = Path(source)
+    out = Path(out) if out is not None else source / "report"
+    runs = find_runs(source)
+    if not runs:
+        raise SystemExit(f"error: no runs under {source} (a run has config.yaml and csv/metrics.csv)")
+    out.mkdir(parents=True, exist_ok=True)
+    multipliers = sorted({int(m) for m in multipliers})
+    run_extrapolation(runs, multipliers, max_batches, compute=extrapolation)
+    groups = group_runs(runs)
+    families = geometry_families(runs)
+    summaries = {(g.label, m.key): s for g in groups for members in families.values() for m in members
+                 if (s := measure_summary(g, m.key)) is not None}
+    summaries.update({(g.label, key): s for g in groups for key in (VAL_LOSS, TRAIN_LOSS) if (s := measure_summary(g, key))})
+
+    figures = []
+    if plot_overview(groups, out / "overview.png"):
+        figures.append("overview.png")
+    if plot_loss(groups, out / "loss.png"):
+        figures.append("loss.png")
+    ext_table = extrapolation_table(groups, multipliers)
+    if ext_table and plot_extrapolation(groups, ext_table, out / "extrapolation.png"):
+        figures.append("extrapolation.png")
+    for family, members in families.items():
+        name = figure_name(members[0])
+        if plot_family(family, members, groups, out / name):
+            figures.append(name)
+
+    # The verdict re-measures each run's final weights with a null of null_draws rotations (cached per run);
+    # without checkpoints (or with verdict=False) it reuses verdict.json files already in the runs.
+    verdicts = [group_verdict(g, null_draws, compute=verdict) for g in groups]
+    verdicts = [v for v in verdicts if v["input"] or v["hidden"] or v["attn"]]
+    pre, pre_source = (load_pretrained(pretrained_json, out) if pretrained else (None, "skipped (--no-pretrained)"))
+    tokens_rule = None
+    for r in runs:
+        path = r.path / "geometry_tokens.json"
+        if path.is_file():
+            tokens_rule = {k: v for k, v in json.loads(path.read_text()).items() if k != "tokens"}
+            break
+    data = ReportData(source=str(source), generated=datetime.datetime.now().isoformat(timespec="seconds"), groups=groups,
+                      families=families, summaries=summaries, figures=figures, extrapolation=ext_table,
+                      multipliers=multipliers, pretrained=pre, pretrained_source=pre_source, tokens_rule=tokens_rule,
+                      verdicts=verdicts)
+    (out / "report.md").write_text(write_markdown(data))
+
+    summary = {
+        "source": str(source),
+        "generated": data.generated,
+        "runs": [{"dir": str(r.path), "model": r.model, "pe": r.pe, "seed": r.seed,
+                  "final_step": int(max((s[-1] for s, _ in r.series.values() if len(s)), default=0))} for r in runs],
+        "groups": {
+            g.label: {
+                "model": g.model, "pe": g.pe, "seeds": g.seeds,
+                "measures": {key: s for (label, key), s in summaries.items() if label == g.label},
+                "extrapolation": ext_table.get(g.label),
+            }
+            for g in groups
+        },
+        "figures": figures,
+        "verdict": verdicts,
+        "word_rows": tokens_rule,
+        "pretrained": None if pre is None else {k: pre.get(k) for k in ("model", "article", "chance", "seed_rows", "frequent_rows",
+                                                                         "attention_layer0", "hidden_states") if k in pre},
+        "pretrained_source": pre_source,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    log.info("wrote %s (%d figures, report.md, summary.json)", out, len(figures))
+    return summary
+
+

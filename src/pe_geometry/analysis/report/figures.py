@@ -1,0 +1,277 @@
+"""The report's figures: one per geometry measure family, the losses, an overview and length extrapolation.
+
+Every figure: one line per group (PE type) = mean over seeds, band = min–max over seeds, and the
+measure's logged baselines (``analysis.metric_names.COMPANIONS``) in black or in each group's colour.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from pe_geometry.analysis import metric_names as names  # noqa: E402
+from pe_geometry.analysis.metric_names import COMPANIONS, MetricName  # noqa: E402
+from pe_geometry.analysis.report.tables import NA, fmt  # noqa: E402
+from pe_geometry.analysis.runs import Group, aggregate, n_layers_of  # noqa: E402
+
+STYLE = {
+    "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+    "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9, "figure.titlesize": 12,
+}
+# Hidden-state panels show the input of the last block: the deepest representation that still has to carry
+# position for attention to use. The model output only predicts the next token and sheds position.
+OVERVIEW_INPUT = ["abs_cos_mean", "overlap_k8", "var_share_P_in_E_k8", "norm_ratio_p_over_e"]
+OVERVIEW_HIDDEN = ["position_r2"]
+OLD_PROBE = {"position_r2": "position_probe_r2"}  # runs logged before the powered probe existed
+
+
+def figure_name(name: MetricName) -> str:
+    """File name of the figure of a measure family: <section>_<measure>.png."""
+    return f"{name.section}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name.measure)}.png"
+
+
+def overview_keys(n_layers: int) -> list[str]:
+    """The overview's geometry panels: input level, then the last block's input."""
+    probe = names.last_block_input(n_layers)
+    return [names.input_metric(m) for m in OVERVIEW_INPUT] + [names.hidden_metric(probe, m) for m in OVERVIEW_HIDDEN]
+
+
+def smooth(values: np.ndarray, span: float) -> np.ndarray:
+    """Bias-corrected exponential moving average over ``span`` points."""
+    alpha = 2.0 / (span + 1.0)
+    out, avg, weight = np.empty_like(values, dtype=float), 0.0, 0.0
+    for i, v in enumerate(values):
+        avg, weight = (1 - alpha) * avg + alpha * v, (1 - alpha) * weight + alpha
+        out[i] = avg / weight
+    return out
+
+
+def _plot_group_line(ax, group: Group, key: str, label: str | None) -> bool:
+    agg = aggregate([r.series[key] for r in group.runs if key in r.series])
+    if agg is None:
+        return False
+    steps, mean, lo, hi = agg
+    ax.plot(steps, mean, group.style, color=group.color, lw=1.8, label=label, marker="o" if len(steps) < 30 else None, ms=3)
+    if len(group.runs) > 1:
+        ax.fill_between(steps, lo, hi, color=group.color, alpha=0.15, lw=0)
+    return True
+
+
+def _plot_baseline(ax, groups: list[Group], key: str, suffix: str):
+    """Draw key+suffix: one labelled horizontal line if it is the same constant for every run; else one thin
+    line per PE type in its colour (a baseline that depends on the run, e.g. chance for a subspace whose
+    dimension the run's own spectrum sets, must be read against its own PE type, not a pooled mean).
+
+    Returns a black legend handle (for the panel's own legend) or None if no run logged this baseline.
+    """
+    per_group = [(g, agg) for g in groups if (agg := aggregate([r.series[key + suffix] for r in g.runs if key + suffix in r.series]))]
+    if not per_group:
+        return None
+    style, text = COMPANIONS[suffix]
+    values = np.concatenate([np.concatenate([lo, hi]) for _, (_, _, lo, hi) in per_group])
+    lo_all, hi_all = float(np.nanmin(values)), float(np.nanmax(values))
+    if hi_all - lo_all <= 1e-9 + 1e-6 * abs(hi_all):
+        return ax.axhline(hi_all, color="black", ls=style, lw=1.2, label=f"{text} = {fmt(hi_all)}", zorder=1)
+    for g, (steps, mean, _, _) in per_group:
+        ax.plot(steps, mean, color=g.color, ls=style, lw=1.0, alpha=0.8, zorder=1)
+        spread = aggregate([r.series[key + "_null_std"] for r in g.runs if key + "_null_std" in r.series])
+        if suffix == "_null_mean" and spread is not None and len(spread[0]) == len(steps):  # the null's ±2 std band
+            ax.fill_between(steps, mean - 2 * spread[1], mean + 2 * spread[1], color=g.color, alpha=0.08, lw=0, zorder=0)
+    note = " ± 2 std band" if suffix == "_null_mean" else ""
+    return Line2D([], [], color="black", ls=style, lw=1.0, label=f"{text}{note} (each PE type, its colour)")
+
+
+def _baselines(ax, groups: list[Group], key: str) -> None:
+    """Every logged baseline of key, with a small legend inside the panel (each panel has its own levels)."""
+    lines = [line for suffix in COMPANIONS if (line := _plot_baseline(ax, groups, key, suffix)) is not None]
+    if lines:  # below the panel: inside it, the legend hid the curves whatever place "best" chose
+        ax.legend(handles=lines, loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7, frameon=False)
+
+
+def _log_if_wide(ax, ratio: float = 20.0) -> None:
+    """Log y axis when the plotted positive values span more than ``ratio`` (norms of e vs p, say)."""
+    values = np.concatenate([line.get_ydata() for line in ax.get_lines()] or [np.array([])]).astype(float)
+    values = values[np.isfinite(values)]
+    if len(values) and values.min() > 0 and values.max() / values.min() > ratio:
+        ax.set_yscale("log")
+
+
+def _grid(n: int) -> tuple[int, int]:
+    ncols = min(n, 3) if n != 4 else 2
+    return math.ceil(n / ncols), ncols
+
+
+def _finish(fig, path: Path, groups: list[Group]) -> None:
+    """One figure legend for the PE types (colour) and model layouts (line style); save; close."""
+    handles = [Line2D([], [], color=g.color, ls=g.style, lw=2, label=g.label) for g in groups]
+    if handles:
+        title = "PE type" if len({g.model for g in groups}) == 1 else "model / PE type"
+        fig.legend(handles=handles, loc="outside right upper", frameon=False, title=title)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _band_note(groups: list[Group]) -> str:
+    seeds = sorted({len(g.runs) for g in groups})
+    n = "/".join(str(s) for s in seeds)
+    return f"line: mean over {n} seed(s); band: min–max over seeds"
+
+
+def plot_family(family: str, members: list[MetricName], groups: list[Group], path: Path) -> bool:
+    """One panel per member (layer or head), one line per group; False if no group logged the family."""
+    title, ylabel = names.describe(members[0].measure)
+    present = [g for g in groups if any(m.key in r.series for m in members for r in g.runs)]
+    if not present:
+        return False
+    rows, cols = _grid(len(members))
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(rows, cols, figsize=(max(4.3 * cols + 2.6, 9.0), 3.4 * rows + 0.8), squeeze=False,
+                                 sharey=len(members) > 1, layout="constrained")
+        for ax in axes.flat[len(members):]:
+            ax.set_visible(False)
+        for ax, member in zip(axes.flat, members):
+            for g in present:
+                _plot_group_line(ax, g, member.key, g.label)
+            _baselines(ax, present, member.key)
+            if member.panel is not None:
+                ax.set_title(names.panel_title(member.panel, member.index, n_layers_of(present[0])))
+            if member.measure.startswith("norm"):
+                _log_if_wide(ax)
+            ax.set_xlabel("training step")
+            if len(members) == 1 or ax.get_subplotspec().is_first_col():
+                ax.set_ylabel(ylabel)
+        fig.suptitle(f"{title}\n{_band_note(present)}")
+        _finish(fig, path, present)
+    return True
+
+
+def plot_loss(groups: list[Group], path: Path) -> bool:
+    if not any("train/loss" in r.series or "val/loss" in r.series for g in groups for r in g.runs):
+        return False
+    with plt.rc_context(STYLE):
+        fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11.5, 4.2), layout="constrained", sharey=True)
+        for g in groups:
+            train = [r.series["train/loss"] for r in g.runs if "train/loss" in r.series]
+            smoothed = [(s, smooth(v, max(1.0, len(v) / 12))) for s, v in train]
+            agg = aggregate(smoothed)
+            if agg is not None:
+                steps, mean, lo, hi = agg
+                ax_train.plot(steps, mean, g.style, color=g.color, lw=1.8, label=g.label)
+                ax_train.fill_between(steps, lo, hi, color=g.color, alpha=0.15, lw=0)
+            agg = aggregate([r.series["val/loss"] for r in g.runs if "val/loss" in r.series])
+            if agg is not None:
+                steps, mean, lo, hi = agg
+                ax_val.plot(steps, mean, g.style, color=g.color, lw=1.8, marker="o", ms=4, label=g.label)
+                ax_val.fill_between(steps, lo, hi, color=g.color, alpha=0.15, lw=0)
+        ax_train.set_title("training loss (exponential moving average)")
+        ax_val.set_title("validation loss")
+        for ax in (ax_train, ax_val):
+            ax.set_xlabel("training step")
+        ax_train.set_ylabel("cross-entropy (nats / token)")
+        fig.suptitle(f"Loss per PE type\n{_band_note(groups)}")
+        _finish(fig, path, groups)
+    return True
+
+
+def _or_older(key: str, logged: set[str]) -> str:
+    """key, or the name an older run logged the same panel under (OLD_PROBE) when key itself was not logged."""
+    for new, old in OLD_PROBE.items():
+        if key.endswith("/" + new) and key not in logged:
+            return key[: -len(new)] + old
+    return key
+
+
+def plot_overview(groups: list[Group], path: Path) -> bool:
+    n_layers = max((n_layers_of(g) or 0) for g in groups)
+    logged = {k for g in groups for r in g.runs for k in r.series}
+    keys = [k for k in (_or_older(k, logged) for k in overview_keys(n_layers)) if k in logged]
+    panels = ["val/loss", *keys] if any("val/loss" in r.series for g in groups for r in g.runs) else keys
+    if not panels:
+        return False
+    rows, cols = _grid(len(panels))
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols + 2.6, 3.4 * rows + 0.6), squeeze=False, layout="constrained")
+        for ax in axes.flat[len(panels):]:
+            ax.set_visible(False)
+        for ax, key in zip(axes.flat, panels):
+            present = [g for g in groups if any(key in r.series for r in g.runs)]
+            for g in present:
+                _plot_group_line(ax, g, key, g.label)
+            if key == "val/loss":
+                ax.set_title("validation loss")
+                ax.set_ylabel("cross-entropy (nats / token)")
+            else:
+                name = names.parse(key)
+                title, ylabel = names.describe(name.measure)
+                title = textwrap.fill(title, 48)
+                if name.panel is not None:
+                    title += f"\n({names.panel_title(name.panel, name.index, n_layers)})"
+                ax.set_title(title, fontsize=9.5)
+                ax.set_ylabel(ylabel)
+                _baselines(ax, present, key)
+                if name.measure.startswith("norm"):
+                    _log_if_wide(ax)
+            ax.set_xlabel("training step")
+        fig.suptitle(f"Overview: loss, input-level and hidden-state geometry per PE type\n{_band_note(groups)}")
+        _finish(fig, path, groups)
+    return True
+
+
+def plot_extrapolation(groups: list[Group], table: dict, path: Path) -> bool:
+    multipliers = sorted({int(m) for g in table.values() for m in g["lengths"]})
+    if not multipliers:
+        return False
+    seq_lens = {g["train_seq_len"] for g in table.values() if g.get("train_seq_len")}
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(8.5, 4.4), layout="constrained")
+        offsets = np.linspace(-0.04, 0.04, max(1, len(groups)))
+        n_missing = 0
+        for offset, g in zip(offsets, groups):
+            entry = table.get(g.label)
+            if entry is None:
+                continue
+            xs, ys, lo, hi, missing = [], [], [], [], []
+            for m in multipliers:
+                cell = entry["lengths"].get(str(m))
+                if cell is None:
+                    continue
+                if cell["loss"] == NA or cell["loss"].get("n", 0) == 0:
+                    missing.append(m)
+                    continue
+                s = cell["loss"]
+                xs.append(m * 2**offset)
+                ys.append(s["mean"])
+                lo.append(s["mean"] - s["min"])
+                hi.append(s["max"] - s["mean"])
+            if xs:
+                ax.errorbar(xs, ys, yerr=[lo, hi], fmt=g.style, marker="o", color=g.color, lw=1.8, capsize=3, label=g.label)
+            for m in missing:  # a length this PE cannot take (learned table too short): say so where its point would be
+                ha = {multipliers[0]: "left", multipliers[-1]: "right"}.get(m, "center")
+                ax.annotate(f"{g.label}: n/a", (m, 0.96 - 0.07 * n_missing), xycoords=("data", "axes fraction"), color=g.color,
+                            fontsize=8.5, ha=ha, va="top", bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": g.color})
+                n_missing += 1
+        if n_missing:  # headroom for the n/a labels
+            low, high = ax.get_ylim()
+            ax.set_ylim(low, high + (high - low) * (0.08 + 0.09 * n_missing))
+        ax.set_xscale("log", base=2)
+        seq = next(iter(seq_lens)) if len(seq_lens) == 1 else None
+        ax.set_xticks(multipliers)
+        ax.set_xticklabels([f"{m}×" + (f"\n({m * seq} tokens)" if seq else "") for m in multipliers])
+        ax.set_xlabel("evaluation block length (multiple of the training seq_len)")
+        ax.set_ylabel("validation cross-entropy (nats / token)")
+        n_tokens = {g.get("n_target_tokens") for g in table.values()}
+        same = f"the same {next(iter(n_tokens)):,} target tokens at every length; " if len(n_tokens) == 1 else ""
+        ax.set_title(f"Length extrapolation: validation loss on longer blocks\n{same}mean over seeds, bars: min–max")
+        _finish(fig, path, [g for g in groups if g.label in table])
+    return True
+
+

@@ -1,0 +1,194 @@
+"""Verdicts: each headline figure of an arm against its null, per seed and over seeds.
+
+The training log records every input-level figure with a 100-draw null (enough for a
+z-score, too coarse for a p-value: p cannot go below 2/101). A verdict re-measures the
+*final* weights of each run with ``REPORT_DRAWS`` (2000) Haar rotations of P, so a
+p-value can reach 1/1000, and writes the result to ``verdict.json`` in the run folder
+(reused while the checkpoint is unchanged). Then each arm (a report group: a PE type and
+its control switches) gets, per figure:
+
+- the observed value and the null's mean, mean ± std over seeds;
+- the effect = observed - null mean, mean ± std over seeds (the seed spread);
+- each seed's two-sided p and z, and how many seeds fall on the side of the mean effect
+  with p < 0.05;
+- Fisher's combination of the seeds' p-values (scipy.stats.combine_pvalues).
+
+Fisher's test asks "is any seed off its null", not "do all seeds agree", so the per-seed
+p's and signs are always shown beside it. Hidden-state and attention figures take what
+the log recorded (the position probe's null = cyclic shifts of each block's positions;
+the positional-head count against its own value at step 0, since at initialisation most
+of the score variance already involves position).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+from pe_geometry.analysis import metric_names as names
+from pe_geometry.analysis.nulls import REPORT_DRAWS
+from pe_geometry.analysis.runs import Group, Run, n_layers_of, stats
+
+log = logging.getLogger(__name__)
+VERDICT_FILE = "verdict.json"
+SIGNIFICANCE = 0.05
+# (figure, what it says, which side means "word and position rows separated")
+INPUT_FIGURES = [
+    ("overlap_k8", "top-8 subspace overlap, word vs position rows", "less"),
+    ("var_share_P_in_E_k8", "share of P's variance inside E's top-8 subspace", "less"),
+    ("abs_cos_mean", "mean |cos| over word x position pairs", "less"),
+    ("angle_mean_k8_deg", "mean principal angle, top-8 subspaces (deg)", "greater"),
+]
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def final_input_rows(run_dir: Path):
+    """(E, P, step) of a run's last checkpoint: the word rows and position rows the callback measured."""
+    import torch
+
+    from pe_geometry.analysis.extrapolation import load_trained_model  # torch + the model code: only when needed
+
+    cfg, datamodule, model, step = load_trained_model(run_dir)
+    if model.W_pos is None:
+        return None, None, step
+    rule_path = run_dir / "geometry_tokens.json"
+    if rule_path.is_file():  # the exact rows the callback used
+        tokens = json.loads(rule_path.read_text())["tokens"]
+        ids = [datamodule.tokenizer.token_to_id(t) for t in tokens]
+        if any(i is None for i in ids):
+            raise ValueError(f"{rule_path}: a token is not in the rebuilt tokenizer's vocabulary")
+    else:  # an older run: the callback's rule, recomputed
+        from pe_geometry.analysis.probes import frequent_token_ids
+
+        specials = [datamodule.tokenizer.token_to_id(t) for t in ("<unk>", "<mask>", "<eos>")]
+        ids, _ = frequent_token_ids(datamodule.streams["train"], datamodule.vocab_size, 1000, specials)
+        ids = ids.tolist()
+    with torch.no_grad():
+        E = model.W_E[torch.tensor(ids)].float()
+        P = model.W_pos[: int(cfg.data.seq_len)].float()
+    return E, P, step
+
+
+def run_null(run: Run, n_draws: int = REPORT_DRAWS, compute: bool = True) -> dict | None:
+    """The input figures of a run's final weights with an n_draws null; cached in <run>/verdict.json."""
+    from pe_geometry.analysis.nulls import rotation_null
+
+    path, ckpt = run.path / VERDICT_FILE, run.path / "checkpoints" / "last.ckpt"
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        fresh = cached.get("n_draws") == n_draws and (not ckpt.is_file() or path.stat().st_mtime >= ckpt.stat().st_mtime)
+        if fresh or not compute:
+            return cached
+    if not compute or not ckpt.is_file():
+        return None
+    E, P, step = final_input_rows(run.path)
+    if E is None:
+        result = {"step": step, "n_draws": n_draws, "figures": None}
+    else:
+        result = {"step": step, "n_draws": n_draws, "seed": 0,
+                  "figures": rotation_null(E, P, n_draws=n_draws, seed=0, fixed_k=8)}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+    return result
+
+
+# ----------------------------------------------------------------------------- one arm
+
+
+def combine_seeds(observed: list[float], null_mean: list[float], p: list[float], z: list[float], side: str) -> dict:
+    """One figure over an arm's seeds: observed, null, effect (mean ± std), per-seed p/z, Fisher's p."""
+    effect = [o - m for o, m in zip(observed, null_mean)]
+    mean_effect = float(np.mean(effect)) if effect else math.nan
+    direction = "less" if mean_effect < 0 else "greater"
+    agree = sum(1 for e, q in zip(effect, p) if q < SIGNIFICANCE and (e < 0) == (mean_effect < 0))
+    fisher = float(scipy_stats.combine_pvalues(p, method="fisher").pvalue) if len(p) > 1 else (p[0] if p else math.nan)
+    return {"observed": stats(observed), "null_mean": stats(null_mean), "effect": stats(effect), "p": p, "z": z,
+            "fisher_p": fisher, "direction": direction, "n_significant_same_side": agree, "n_seeds": len(p),
+            "separation_side": side}
+
+
+def _logged(run: Run, key: str) -> float | None:
+    """The last logged value (None if the run never logged key)."""
+    if key not in run.series or not len(run.series[key][1]):
+        return None
+    return float(run.series[key][1][-1])
+
+
+def _logged_init(run: Run, key: str) -> float | None:
+    """The value at step 0 (None if the run did not log step 0)."""
+    if key not in run.series:
+        return None
+    steps, values = run.series[key]
+    return float(values[np.where(steps == 0)[0][0]]) if 0 in steps else None
+
+
+def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = True) -> dict:
+    """Every verdict figure of one arm (see the module docstring)."""
+    out: dict = {"label": group.label, "seeds": group.seeds, "n_draws": n_draws, "input": {}, "hidden": {}, "attn": {}}
+    nulls = []
+    for run in group.runs:
+        try:
+            result = run_null(run, n_draws, compute)
+        except Exception as err:  # one broken run must not stop the report
+            log.warning("%s: no verdict (%s: %s)", run.path, type(err).__name__, err)
+            result = None
+        if result and result.get("figures"):
+            nulls.append((run, result))
+    for figure, _, side in INPUT_FIGURES:
+        rows = [(r, res["figures"]) for r, res in nulls if figure in res["figures"]]
+        if not rows:
+            continue
+        verdict = combine_seeds([f[figure] for _, f in rows], [f[f"{figure}_null_mean"] for _, f in rows],
+                                [f[f"{figure}_p"] for _, f in rows], [f[f"{figure}_z"] for _, f in rows], side)
+        init = [v for r, _ in rows if (v := _logged_init(r, names.input_metric(figure))) is not None]
+        verdict["init"] = stats(init)
+        verdict["step"] = max(res["step"] for _, res in nulls)
+        out["input"][figure] = verdict
+
+    n_layers = n_layers_of(group)
+    if n_layers:
+        layer = names.last_block_input(n_layers)
+        key = names.hidden_metric(layer, "position_r2")
+        per_seed = [(r, _logged(r, key), _logged(r, key + "_null_mean"), _logged(r, key + "_p"), _logged(r, key + "_z"))
+                    for r in group.runs]
+        per_seed = [row for row in per_seed if None not in row[1:]]
+        if per_seed:
+            verdict = combine_seeds([o for _, o, _, _, _ in per_seed], [m for _, _, m, _, _ in per_seed],
+                                    [p for *_, p, _ in per_seed], [z for *_, z in per_seed], "greater")
+            verdict["layer"] = layer
+            verdict["step"] = min(int(r.series[key][0][-1]) for r, *_ in per_seed)  # the last probe record
+            verdict["init"] = stats([v for r, *_ in per_seed if (v := _logged_init(r, key)) is not None])
+            out["hidden"]["position_r2"] = verdict
+
+    heads = [(r, _logged_init(r, names.N_POSITIONAL_HEADS_ALL_TERMS), _logged(r, names.N_POSITIONAL_HEADS_ALL_TERMS))
+             for r in group.runs]
+    heads = [h for h in heads if h[1] is not None and h[2] is not None]
+    if heads:
+        n_heads = int((group.runs[0].config.get("model") or {}).get("n_heads", 0))
+        # the count saturates easily (every head above one half), so the share itself is shown beside it
+        shares = [[(_logged_init(r, k), _logged(r, k)) for h in range(n_heads)
+                   if (k := names.attention_share_metric(h, "positional")) in r.series] for r, *_ in heads]
+        out["attn"]["n_positional_heads_all_terms"] = {
+            "init": stats([h[1] for h in heads]), "end": stats([h[2] for h in heads]), "n_heads": n_heads, "n_seeds": len(heads),
+            "positional_share_init": stats([float(np.mean([a for a, _ in s])) for s in shares if s]),
+            "positional_share_end": stats([float(np.mean([b for _, b in s])) for s in shares if s]),
+        }
+    return out
+
+
+def reading(v: dict, toward: str = "separated", away: str = "more aligned than the null") -> str:
+    """Plain words for one verdict: where the seeds sit against the null, and which way that points."""
+    n, k = v["n_seeds"], v["n_significant_same_side"]
+    if k == 0:
+        return f"at the null (none of {n} seeds has p < {SIGNIFICANCE})"
+    side = "below" if v["direction"] == "less" else "above"
+    consistency = "" if k == n else " (not in every seed)"
+    return f"{side} the null in {k}/{n} seeds: {toward if v['direction'] == v['separation_side'] else away}{consistency}"

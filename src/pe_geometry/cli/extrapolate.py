@@ -1,0 +1,36 @@
+"""Validation loss of trained runs on blocks longer than they were trained on (length extrapolation).
+
+    pe-extrapolate multirun/<date>/<time>/0_decoder-rope-s0   # writes length_extrapolation.json there
+    pe-extrapolate RUN [RUN ...] --multipliers 1 2 4 8 --max-batches 8
+
+How the lengths are cut and compared: analysis/extrapolation.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
+from pe_geometry.analysis.extrapolation import NA, evaluate_lengths
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with config.yaml and checkpoints/last.ckpt)")
+    parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4], help="block lengths as multiples of seq_len")
+    parser.add_argument("--max-batches", type=int, default=8, help="validation tokens = max_batches x batch_size x seq_len")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    results = []
+    for run in args.runs:
+        r = evaluate_lengths(run, args.multipliers, args.max_batches)
+        cells = [f"{m}x={v['loss'] if v['loss'] == NA else format(v['loss'], '.4f')}" for m, v in r["lengths"].items()]
+        print(f"{run}: {r['model']}/{r['pe']} s{r['seed']} step {r['step']}: " + "  ".join(cells))
+        results.append(r)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Sample text from a trained checkpoint.
+
+    pe-generate ckpt_path=<run>/checkpoints/last.ckpt prompt="ROMEO:" max_new_tokens=200 \\
+        temperature=0.8 top_k=40 top_p=0.95 num_samples=3 seed=0
+    pe-generate ckpt_path=... prompt="ROMEO:" temperature=0           # greedy
+    pe-generate ckpt_path=<encoder run>/checkpoints/last.ckpt prompt="ROMEO: <mask> me, I pray"
+
+The model and its tokenizer are rebuilt from the checkpoint's own config (options in configs/generate.yaml).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+import pe_geometry.offline  # noqa: F401  (the offline environment, before anything that could download)
+from pe_geometry.configs import CONFIG_DIR
+
+CONFIG_PATH = CONFIG_DIR / "generate.yaml"
+
+
+class GenerateError(ValueError):
+    """Bad input to generate.py: reported as one ``error:`` line."""
+
+
+def load_run_config(ckpt_path: Path, checkpoint: dict) -> DictConfig:
+    """The run's resolved config: stored in the checkpoint, else ``<run dir>/config.yaml`` beside ``checkpoints/``."""
+    if checkpoint.get("run_config") is not None:
+        return OmegaConf.create(checkpoint["run_config"])
+    config_file = ckpt_path.parent.parent / "config.yaml"
+    if not config_file.is_file():
+        raise GenerateError(f"ckpt_path={ckpt_path}: the checkpoint has no run_config and there is no {config_file}")
+    return OmegaConf.load(config_file)
+
+
+def load_checkpoint(ckpt_path: str | Path, device: str = "cpu"):
+    """Rebuild (model in eval mode, tokenizer, run config) from a train.py checkpoint."""
+    import torch
+
+    from pe_geometry.training.build import build_datamodule
+    from pe_geometry.training.pipeline import build_model
+
+    path = Path(ckpt_path).expanduser()
+    if not path.is_file():
+        raise GenerateError(f"ckpt_path={ckpt_path}: no checkpoint file there")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        state = checkpoint["state_dict"]
+    except Exception as err:
+        raise GenerateError(f"ckpt_path={ckpt_path} is not a readable Lightning checkpoint ({type(err).__name__}: {err})") from None
+    cfg = load_run_config(path, checkpoint)
+    datamodule = build_datamodule(cfg)  # the tokenizer comes from the data cache the run used (rebuilt identically if missing)
+    model = build_model(cfg, datamodule)
+    prefix = "model."  # LanguageModelTask keeps the network as ``self.model``
+    model.load_state_dict({k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)})
+    return model.to(device).eval(), datamodule.tokenizer, cfg
+
+
+def check_options(cfg: DictConfig) -> None:
+    if cfg.max_new_tokens < 0:
+        raise GenerateError(f"max_new_tokens={cfg.max_new_tokens} must be >= 0")
+    if cfg.num_samples < 1:
+        raise GenerateError(f"num_samples={cfg.num_samples} must be >= 1")
+    if cfg.temperature < 0:
+        raise GenerateError(f"temperature={cfg.temperature} must be >= 0 (0 = greedy)")
+    if cfg.top_k is not None and cfg.top_k < 0:
+        raise GenerateError(f"top_k={cfg.top_k} must be >= 0 (0 or null = no top-k filter)")
+    if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
+        raise GenerateError(f"top_p={cfg.top_p} must be in (0, 1] (1 or null = no nucleus filter)")
+
+
+def pick_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.empty(0, device=name)
+    except (RuntimeError, AssertionError) as err:
+        raise GenerateError(f"device={name} is not usable here ({err}); valid: auto, cpu, cuda, cuda:N, mps") from None
+    return name
+
+
+def run(cfg: DictConfig) -> list[str]:
+    """Generate ``cfg.num_samples`` texts as the command line asks; returns them."""
+    import torch
+
+    from pe_geometry.model import EncoderMLM
+    from pe_geometry.model.sampling import fill_masks, generate
+
+    check_options(cfg)
+    device = pick_device(cfg.device)
+    model, tokenizer, _ = load_checkpoint(cfg.ckpt_path, device)
+    prompt = str(cfg.prompt).replace("\\n", "\n")
+    ids = tokenizer.encode(prompt).ids or [tokenizer.token_to_id("<eos>")]  # "" starts a new document
+    batch = torch.tensor([ids] * cfg.num_samples, device=device)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    sampling = {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "generator": generator}
+    started = time.perf_counter()
+    has_blanks = tokenizer.token_to_id("<mask>") in ids
+    if isinstance(model, EncoderMLM):
+        if not has_blanks:
+            raise GenerateError(f"prompt={cfg.prompt!r}: a masked-LM encoder fills blanks; mark them with <mask>")
+        out = fill_masks(model, batch, **sampling)
+        new_tokens = int((batch == model.mask_token_id).sum())
+    else:
+        if has_blanks:
+            raise GenerateError(f"prompt={cfg.prompt!r} holds <mask>, but only a masked-LM encoder fills blanks")
+        out = generate(model, batch, cfg.max_new_tokens, use_cache=cfg.use_cache, **sampling)
+        new_tokens = cfg.num_samples * cfg.max_new_tokens
+    seconds = time.perf_counter() - started
+    print(f"{new_tokens} new tokens in {seconds:.2f} s ({new_tokens / max(seconds, 1e-9):.0f} tokens/s)", file=sys.stderr)
+    return [tokenizer.decode(row.tolist()) for row in out]
+
+
+@hydra.main(version_base="1.3", config_path="pkg://pe_geometry.configs", config_name="generate")
+def main(cfg: DictConfig) -> None:
+    from omegaconf.errors import MissingMandatoryValue
+
+    from pe_geometry.data.corpus import CorpusError
+
+    try:
+        texts = run(cfg)
+    except MissingMandatoryValue:
+        print("error: ckpt_path is required: generate.py ckpt_path=<run dir>/checkpoints/last.ckpt", file=sys.stderr)
+        sys.exit(2)
+    except (ValueError, CorpusError) as err:  # ValueError: also e.g. a prompt longer than a learned position table
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    for i, text in enumerate(texts, 1):
+        print(f"--- sample {i}/{len(texts)} ---\n{text}")
+
+
+def quote_free_text(argv: list[str]) -> list[str]:
+    """Quote a ``prompt=`` value so Hydra's override grammar takes any text (``<mask>``, commas, brackets)."""
+    quoted = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if key == "prompt" and sep and value[:1] not in ("'", '"'):
+            quote = "'" if "'" not in value else '"'
+            arg = f"{key}={quote}{value}{quote}"
+        quoted.append(arg)
+    return quoted
+
+
+def unknown_option(argv: list[str]) -> str | None:
+    """Hydra's own message for a misspelt key is several lines; name it and the valid ones in one."""
+    valid = list(OmegaConf.load(CONFIG_PATH).keys() - {"defaults", "hydra"})
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        if sep and not key.startswith(("hydra", "+", "~")) and key.split(".")[0] not in valid:
+            return f"unknown option {key!r}; valid: {sorted(valid)}"
+    return None
+
+
+def cli() -> None:
+    """The console script ``pe-generate`` (and ``pe-generate`` in a checkout)."""
+    if problem := unknown_option(sys.argv[1:]):
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    sys.argv[1:] = quote_free_text(sys.argv[1:])
+    main()
+
+
+if __name__ == "__main__":
+    cli()

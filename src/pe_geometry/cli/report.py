@@ -1,0 +1,45 @@
+"""Report of a sweep: geometry vs training step per PE type, losses, length extrapolation, MiniLM beside them.
+
+    pe-report multirun/<date>/<time>                       # writes multirun/<date>/<time>/report/
+    pe-report multirun/<date>/<time> --out some/dir
+    pe-report RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis
+    pe-report RUNS --no-extrapolation --no-pretrained      # fast: only what the runs logged
+
+What it writes: see analysis/report/build.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
+from pe_geometry.analysis.report import build_report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("multirun", type=Path, help="a sweep directory (multirun/<date>/<time>) or any folder of runs")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: <multirun>/report)")
+    parser.add_argument("--pretrained-json", type=Path, default=None,
+                        help="MiniLM analysis from `pe-pretrained --json PATH`; computed and saved there if missing")
+    parser.add_argument("--no-pretrained", action="store_true", help="skip the pretrained-checkpoint comparison")
+    parser.add_argument("--no-extrapolation", action="store_true",
+                        help="do not evaluate longer blocks (existing length_extrapolation.json files are still used)")
+    parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4], help="evaluation lengths as multiples of seq_len")
+    parser.add_argument("--max-batches", type=int, default=8, help="validation tokens for extrapolation = max_batches x batch x seq_len")
+    parser.add_argument("--no-verdict", action="store_true",
+                        help="do not re-measure final weights against the null (existing verdict.json files are still used)")
+    parser.add_argument("--null-draws", type=int, default=None, help="Haar rotations per verdict null (default: 2000)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    summary = build_report(args.multirun, args.out, args.pretrained_json, extrapolation=not args.no_extrapolation,
+                           pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers), max_batches=args.max_batches,
+                           verdict=not args.no_verdict, **({"null_draws": args.null_draws} if args.null_draws else {}))
+    print(f"report: {Path(args.out or args.multirun / 'report') / 'report.md'}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""The Hydra config groups, shipped as package data: Hydra reaches them as ``pkg://pe_geometry.configs``."""
+
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parent
+
+# Before the package was namespaced, every ``_target_`` began with one of these top-level names
+# (``model.RotaryPE``, ``training.callbacks.StepCheckpoint``): runs and checkpoints written then still read.
+_OLD_TOP_LEVEL = ("model", "data", "training", "analysis")
+
+
+def current_target(target: str) -> str:
+    """A ``_target_`` as this version spells it: ``model.RotaryPE`` -> ``pe_geometry.model.RotaryPE``."""
+    return f"pe_geometry.{target}" if isinstance(target, str) and target.split(".", 1)[0] in _OLD_TOP_LEVEL else target

@@ -1,0 +1,397 @@
+"""Encoder, decoder and encoder-decoder Transformers assembled from swappable parts.
+
+Each model receives *factories* for its parts (Hydra builds them as partials):
+``embedding(vocab_size, d_model)``, ``pe(d_model, n_heads)`` and
+``attention(d_model, n_heads, pe)``. Each model also knows its own objective
+(``loss(block)`` on a (B, seq_len + 1) block of token ids), so it can be trained
+without Lightning.
+
+The decoder and the encoder-decoder take ``cache=KVCache()`` for incremental
+decoding (see model/sampling.py): each call then reads only the new tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pe_geometry.model.attention import KVCache, MultiHeadAttention, SDPAttention
+from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
+from pe_geometry.model.positional import PositionalEncoding, SinusoidalPE
+
+IGNORE_INDEX = -100  # targets with this id do not count in the loss
+
+EmbeddingFactory = Callable[..., TokenEmbedding]
+PEFactory = Callable[..., PositionalEncoding]
+AttentionFactory = Callable[..., MultiHeadAttention]
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: the same map at every position (it cannot see position by itself)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff)
+        self.down = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.down(F.gelu(self.up(x))))
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, MLP; each a residual sublayer.
+
+    ``norm="pre"`` (default, GPT-2 style) normalises each sublayer's input;
+    ``norm="post"`` normalises after the residual sum, as in Vaswani et al.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        attention: AttentionFactory,
+        pe: PositionalEncoding,
+        dropout: float = 0.0,
+        norm: str = "pre",
+        cross_attention: bool = False,
+    ) -> None:
+        super().__init__()
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        self.norm = norm
+        self.attn = attention(d_model=d_model, n_heads=n_heads, pe=pe, dropout=dropout)
+        self.ln_attn = nn.LayerNorm(d_model)
+        self.cross_attn = attention(d_model=d_model, n_heads=n_heads, dropout=dropout) if cross_attention else None
+        self.ln_cross = nn.LayerNorm(d_model) if cross_attention else None
+        self.mlp = MLP(d_model, d_ff, dropout)
+        self.ln_mlp = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def _sublayer(self, x: Tensor, ln: nn.LayerNorm, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.norm == "pre":
+            return x + self.dropout(fn(ln(x)))
+        return ln(x + self.dropout(fn(x)))
+
+    def forward(
+        self, x: Tensor, causal: bool = False, context: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        x = self._sublayer(x, self.ln_attn, lambda h: self.attn(h, causal=causal, cache=cache))
+        if self.cross_attn is not None:
+            x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, context=context, cache=cache))
+        return self._sublayer(x, self.ln_mlp, self.mlp)
+
+
+class Stack(nn.Module):
+    """Token embedding + positional input term, ``n_layers`` blocks, final norm (pre-LN only)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        d_ff: int,
+        embedding: EmbeddingFactory,
+        pe: PEFactory,
+        attention: AttentionFactory,
+        dropout: float,
+        norm: str,
+        causal: bool,
+        cross_attention: bool = False,
+    ) -> None:
+        super().__init__()
+        self.causal = causal
+        self.embedding = embedding(vocab_size=vocab_size, d_model=d_model)
+        self.pe = pe(d_model=d_model, n_heads=n_heads)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            Block(d_model, n_heads, d_ff, attention, self.pe, dropout, norm, cross_attention) for _ in range(n_layers)
+        )
+        self.ln_final = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
+
+    def embed(self, idx: Tensor, start_pos: int = 0) -> Tensor:
+        """What the first block reads: scaled token embedding plus the PE input term
+        of positions ``start_pos .. start_pos + T - 1``."""
+        x = self.embedding(idx)  # (B, T, D)
+        position = self.pe.input_term(idx.shape[1], start_pos)
+        if position is not None:
+            x = x + position
+        return self.dropout(x)
+
+    def forward(self, idx: Tensor, context: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """idx (B, T) -> hidden states (B, T, D); with ``cache``, idx follows the cached tokens."""
+        x = self.embed(idx, cache.length if cache is not None else 0)
+        for block in self.blocks:
+            x = block(x, causal=self.causal, context=context, cache=cache)
+        if cache is not None:
+            cache.length += idx.shape[1]
+        return self.ln_final(x)
+
+    def hidden_states(self, idx: Tensor, context: Tensor | None = None) -> list[Tensor]:
+        """For analysis: the input of block 0, 1, ..., n_layers - 1, then the output (after the final norm).
+
+        n_layers + 1 tensors (B, T, D); the last one is what ``forward`` returns.
+        """
+        states = [self.embed(idx)]
+        for block in self.blocks:
+            states.append(block(states[-1], causal=self.causal, context=context))
+        states[-1] = self.ln_final(states[-1])
+        return states
+
+
+class LanguageModel(nn.Module):
+    """Shared parts of the three layouts: weight init, output head, named weights."""
+
+    objective: str = ""
+
+    def __init__(self, vocab_size: int, d_model: int, n_layers: int, tie_weights: bool) -> None:
+        super().__init__()
+        self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self._tie = tie_weights
+
+    def _finish_init(self) -> None:
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():  # GPT-2: shrink residual projections with depth
+            if name.endswith(("o.weight", "down.weight")):
+                nn.init.normal_(param, std=INIT_STD / math.sqrt(2 * self.n_layers))
+        if self._tie:
+            self.head.weight = self.W_E
+        for stack in self.modules():  # last: an encoding may start from the final E (see PositionalEncoding.finish_init)
+            if isinstance(stack, Stack):
+                stack.pe.finish_init(stack.embedding)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=INIT_STD)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    @property
+    def input_stack(self) -> Stack:
+        raise NotImplementedError
+
+    # Plain names for analysis (TransformerLens style).
+    @property
+    def W_E(self) -> nn.Parameter:
+        """Word-embedding matrix (vocab, d_model), before any scale."""
+        return self.input_stack.embedding.weight
+
+    @property
+    def embed_scale(self) -> float:
+        return self.input_stack.embedding.scale
+
+    @property
+    def W_pos(self) -> Tensor | None:
+        """Absolute position table (max_len, d_model) added to the input, or None."""
+        return self.input_stack.pe.position_table
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.input_stack.blocks
+
+    def cross_entropy(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Mean cross-entropy over every target that is not IGNORE_INDEX."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+
+    def hidden_states(self, idx: Tensor) -> list[Tensor]:
+        """The input stack's block inputs then its output: n_layers + 1 tensors (B, T, D); see ``Stack.hidden_states``."""
+        return self.input_stack.hidden_states(idx)
+
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """The objective on a (B, seq_len + 1) block: logits (B, T', vocab) and targets (B, T') (IGNORE_INDEX: no target)."""
+        raise NotImplementedError
+
+    def loss(self, block: Tensor, reduction: str = "mean", generator: torch.Generator | None = None) -> Tensor:
+        """Cross-entropy of the objective on a (B, seq_len + 1) block of token ids.
+
+        reduction="mean": a scalar over every target; "none": per target (B, T') in float32, NaN where a
+        position has no target (an encoder's unmasked positions). ``generator`` draws an encoder's masks.
+        """
+        logits, targets = self.logits_and_targets(block, generator)
+        if reduction == "mean":
+            return self.cross_entropy(logits, targets)
+        if reduction != "none":
+            raise ValueError(f"reduction={reduction!r}; valid: ['mean', 'none']")
+        losses = F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=IGNORE_INDEX, reduction="none")
+        return losses.masked_fill(targets == IGNORE_INDEX, float("nan"))
+
+
+def _stack_args(d_model: int, n_heads: int, d_ff: int | None) -> tuple[int, int, int]:
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return d_model, n_heads, d_ff or 4 * d_model
+
+
+class DecoderLM(LanguageModel):
+    """Causal Transformer trained on next-token prediction (GPT)."""
+
+    objective = "next-token"
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 128,
+        n_heads: int = 4,
+        n_layers: int = 4,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        norm: str = "pre",
+        embedding: EmbeddingFactory = TokenEmbedding,
+        pe: PEFactory = SinusoidalPE,
+        attention: AttentionFactory = SDPAttention,
+    ) -> None:
+        d_model, n_heads, d_ff = _stack_args(d_model, n_heads, d_ff)
+        stack = Stack(vocab_size, d_model, n_heads, n_layers, d_ff, embedding, pe, attention, dropout, norm, causal=True)
+        super().__init__(vocab_size, d_model, n_layers, stack.embedding.tie_weights)
+        self.decoder = stack
+        self._finish_init()
+
+    @property
+    def input_stack(self) -> Stack:
+        return self.decoder
+
+    def forward(self, idx: Tensor, cache: KVCache | None = None) -> Tensor:
+        """idx (B, T) -> logits (B, T, vocab) for the next token at every position.
+
+        With ``cache`` (a ``KVCache``), idx holds only the tokens after those already cached.
+        """
+        return self.head(self.decoder(idx, cache=cache))
+
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        inputs, targets = block[:, :-1], block[:, 1:]
+        return self(inputs), targets
+
+
+def mask_tokens(
+    tokens: Tensor, mask_token_id: int, vocab_size: int, mask_prob: float = 0.15, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """BERT masking: choose ``mask_prob`` of positions; of those 80 % -> [MASK], 10 % -> random, 10 % kept.
+
+    Returns (inputs, targets) with targets = IGNORE_INDEX at unchosen positions.
+    """
+    draw = torch.rand(tokens.shape, generator=generator, device=tokens.device)
+    chosen = draw < mask_prob
+    # Reuse the same uniform draw to split the chosen positions 80/10/10.
+    to_mask = draw < 0.8 * mask_prob
+    to_random = chosen & ~to_mask & (draw < 0.9 * mask_prob)
+    random_ids = torch.randint(vocab_size, tokens.shape, generator=generator, device=tokens.device)
+    inputs = torch.where(to_mask, torch.full_like(tokens, mask_token_id), tokens)
+    inputs = torch.where(to_random, random_ids, inputs)
+    targets = torch.where(chosen, tokens, torch.full_like(tokens, IGNORE_INDEX))
+    return inputs, targets
+
+
+class EncoderMLM(LanguageModel):
+    """Bidirectional Transformer trained as a masked language model (BERT)."""
+
+    objective = "masked-lm"
+
+    def __init__(
+        self,
+        vocab_size: int,
+        mask_token_id: int,
+        d_model: int = 128,
+        n_heads: int = 4,
+        n_layers: int = 4,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        norm: str = "pre",
+        mask_prob: float = 0.15,
+        embedding: EmbeddingFactory = TokenEmbedding,
+        pe: PEFactory = SinusoidalPE,
+        attention: AttentionFactory = SDPAttention,
+    ) -> None:
+        d_model, n_heads, d_ff = _stack_args(d_model, n_heads, d_ff)
+        stack = Stack(vocab_size, d_model, n_heads, n_layers, d_ff, embedding, pe, attention, dropout, norm, causal=False)
+        super().__init__(vocab_size, d_model, n_layers, stack.embedding.tie_weights)
+        self.encoder = stack
+        self.mask_token_id, self.mask_prob = mask_token_id, mask_prob
+        self._finish_init()
+
+    @property
+    def input_stack(self) -> Stack:
+        return self.encoder
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.head(self.encoder(idx))
+
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        tokens = block[:, :-1]  # the same seq_len tokens a decoder would read
+        inputs, targets = mask_tokens(tokens, self.mask_token_id, self.vocab_size, self.mask_prob, generator=generator)
+        return self(inputs), targets
+
+
+class EncoderDecoder(LanguageModel):
+    """The original layout: the encoder reads the first ``src_len`` tokens of a block,
+    the decoder predicts the rest token by token, cross-attending to the encoder.
+
+    The token embedding (and its PE) is shared between encoder and decoder; each
+    side has its own positional encoding module, both counting from 0.
+    """
+
+    objective = "seq2seq"
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 128,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        norm: str = "pre",
+        src_fraction: float = 0.5,
+        embedding: EmbeddingFactory = TokenEmbedding,
+        pe: PEFactory = SinusoidalPE,
+        attention: AttentionFactory = SDPAttention,
+    ) -> None:
+        d_model, n_heads, d_ff = _stack_args(d_model, n_heads, d_ff)
+        if not 0.0 < src_fraction < 1.0:
+            raise ValueError(f"src_fraction must be in (0, 1), got {src_fraction}")
+        encoder = Stack(vocab_size, d_model, n_heads, n_layers, d_ff, embedding, pe, attention, dropout, norm, causal=False)
+        super().__init__(vocab_size, d_model, 2 * n_layers, encoder.embedding.tie_weights)
+        self.encoder = encoder
+        self.decoder = Stack(
+            vocab_size, d_model, n_heads, n_layers, d_ff, embedding, pe, attention, dropout, norm,
+            causal=True, cross_attention=True,
+        )
+        self.decoder.embedding = self.encoder.embedding  # one vocabulary, one matrix
+        self.src_fraction = src_fraction
+        self._finish_init()
+
+    @property
+    def input_stack(self) -> Stack:
+        return self.encoder
+
+    def forward(self, src: Tensor, tgt: Tensor, cache: KVCache | None = None) -> Tensor:
+        """src (B, S), tgt (B, T) -> logits (B, T, vocab) for the token after each tgt token.
+
+        With ``cache``, the encoder runs on the first call only (its output and the
+        cross-attention keys/values are kept) and tgt holds only the new decoder tokens.
+        """
+        if cache is None:
+            return self.head(self.decoder(tgt, context=self.encoder(src)))
+        if cache.context is None:
+            cache.context = self.encoder(src)
+        return self.head(self.decoder(tgt, context=cache.context, cache=cache))
+
+    def source_len(self, seq_len: int) -> int:
+        """How many of a block's seq_len input tokens the encoder reads (at least 1); the decoder reads the rest."""
+        return max(1, int(round(seq_len * self.src_fraction)))
+
+    def split(self, block: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, L+1) block -> source, decoder input, decoder targets."""
+        src_len = self.source_len(block.shape[1] - 1)
+        return block[:, :src_len], block[:, src_len:-1], block[:, src_len + 1 :]
+
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        src, tgt_in, tgt_out = self.split(block)
+        return self(src, tgt_in), tgt_out

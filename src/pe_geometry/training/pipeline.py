@@ -1,0 +1,328 @@
+"""Build everything a config names and train it. ``train.py`` is a thin Hydra wrapper around ``train``."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import warnings
+from importlib import metadata
+from pathlib import Path
+
+import pe_geometry.offline  # noqa: F401  (sets the offline environment before lightning/wandb load)
+
+# isort: split
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from hydra.utils import get_class, instantiate, to_absolute_path  # noqa: E402
+from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
+from lightning.pytorch.utilities import rank_zero  # noqa: E402
+from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
+
+from pe_geometry.training import wandb_run  # noqa: E402
+from pe_geometry.training.callbacks import AtomicCheckpointIO, remove_partial_writes  # noqa: E402
+from pe_geometry.training.interrupt import GracefulStop  # noqa: E402
+from pe_geometry.training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
+from pe_geometry.training.run_config import RunConfigInCheckpoint, apply_resume_config, saved_run_config  # noqa: E402
+from pe_geometry.training.run_folder import adopt_staged_output  # noqa: E402
+from pe_geometry.training.summary import geometry_records, run_summary  # noqa: E402
+from pe_geometry.training.task import LanguageModelTask  # noqa: E402
+from pe_geometry.training.validate import ConfigError, check_config  # noqa: E402
+
+log = logging.getLogger(__name__)
+# Our datamodule restores the data position itself (see EpochShuffleSampler), so this warning is moot.
+warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
+warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # a torch/lightning deprecation, not ours
+
+
+class _NoAdverts(logging.Filter):
+    """Lightning logs a "try installing litlogger" tip on every start; it says nothing about the run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in str(record.msg)
+
+
+rank_zero.rank_zero_module.log.addFilter(_NoAdverts())
+PACKAGES = ("torch", "lightning", "hydra-core", "datasets", "tokenizers", "wandb", "numpy")
+
+
+def build_model(cfg: DictConfig, datamodule) -> torch.nn.Module:
+    """Instantiate the model from its group configs plus the facts only the data knows."""
+    facts = {"vocab_size": datamodule.vocab_size, "mask_token_id": datamodule.mask_token_id}
+    wanted = inspect.signature(get_class(cfg.model._target_)).parameters
+    return instantiate(
+        cfg.model,
+        pe=instantiate(cfg.pe),
+        embedding=instantiate(cfg.embedding),
+        attention=instantiate(cfg.attention),
+        **{k: v for k, v in facts.items() if k in wanted},
+    )
+
+
+def _instantiate_all(group: DictConfig | None, **extra) -> list:
+    """Instantiate each ``_target_`` node of a group; ``extra`` kwargs go to the nodes that declare them."""
+    objects = []
+    for node in (group or {}).values():
+        if node is None or "_target_" not in node:
+            continue
+        wanted = inspect.signature(get_class(node._target_)).parameters
+        objects.append(instantiate(node, **{k: v for k, v in extra.items() if k in wanted}))
+    return objects
+
+
+def resolve_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | None, Path, int | None]:
+    path, run_dir, step, _ = read_checkpoint(ckpt_path, output_dir)
+    return path, run_dir, step
+
+
+def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | None, Path, int | None, dict | None]:
+    """Where to resume from, which run directory to continue, and at which step.
+
+    ``ckpt_path=last`` means this run directory's ``checkpoints/last.ckpt``. A
+    checkpoint inside ``<run>/checkpoints/`` continues that run's directory, so its
+    CSV series and later checkpoints stay in one place. The file is read once here,
+    so a truncated or foreign file is one clear error instead of a traceback mid-setup.
+    """
+    if ckpt_path is None:
+        return None, output_dir, None, None
+    path = output_dir / "checkpoints" / "last.ckpt" if str(ckpt_path) == "last" else Path(to_absolute_path(str(ckpt_path))).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path={ckpt_path}: no checkpoint file at {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        step = int(state["global_step"])
+        state["state_dict"], state["optimizer_states"]  # noqa: B018 - a Lightning checkpoint has both
+    except Exception as err:
+        raise ConfigError(f"ckpt_path={path} is not a readable Lightning checkpoint ({type(err).__name__}: {err})") from None
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else output_dir
+    return path, run_dir, step, state
+
+
+def _git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def write_run_info(cfg: DictConfig, output_dir: Path, datamodule, model: torch.nn.Module, resume_step: int | None = None,
+                   resume_changes: dict[str, tuple] | None = None) -> None:
+    """Resolved config, package versions, git commit and data facts, saved beside the run.
+
+    A resumed segment writes ``config-resume-step<N>.yaml`` (with the settings it changed) and
+    ``run_info-resume-step<N>.json``, so the files of the first segment are never overwritten.
+    """
+    output_dir.mkdir(parents=True, exist_ok=True)
+    suffix = "" if resume_step is None else f"-resume-step{resume_step}"
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    if resume_step is not None:
+        changed = {k: {"checkpoint": old, "now": new} for k, (old, new) in (resume_changes or {}).items()}
+        text += "\n" + OmegaConf.to_yaml({"resume": {"step": resume_step, "changed": changed}})
+    (output_dir / f"config{suffix}.yaml").write_text(text)
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    info = {
+        "git_commit": _git_commit(),
+        "python": platform.python_version(),
+        "packages": versions,
+        "vocab_size": datamodule.vocab_size,
+        "tokens": {split: datamodule.n_tokens(split) for split in datamodule.streams},
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+    }
+    (output_dir / f"run_info{suffix}.json").write_text(json.dumps(info, indent=2))
+
+
+def check_writable(output_dir: Path) -> None:
+    """One line at start when the run folder cannot take a file: read-only, full, or a file in the way."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        # One probe per process (DDP ranks probe the same folder), named like the temp files a run start sweeps.
+        probe = output_dir / f".write-test.{os.getpid()}.tmp"
+        try:
+            probe.write_bytes(b"ok")  # on a full disk the file is made, and the write fails when flushed
+        finally:
+            if probe.exists():
+                probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"paths.output_dir={output_dir} is not writable ({err.strerror})") from None
+
+
+def absolute_input_paths(cfg: DictConfig) -> None:
+    """Cache and input files resolve against the directory the user started in (Hydra's
+    ``runtime.cwd``), so ``hydra.job.chdir=true`` neither rebuilds the cache in the run folder nor
+    loses a relative text file; a missing file's error then names the absolute path tried."""
+    with open_dict(cfg):
+        for key in ("paths.cache_dir", "data.cache_dir"):
+            if OmegaConf.select(cfg, key) is not None:
+                OmegaConf.update(cfg, key, to_absolute_path(str(OmegaConf.select(cfg, key))))
+        corpus = cfg.data.get("corpus") or {}
+        for key in ("train_files", "val_files"):
+            if key in corpus and not OmegaConf.is_missing(corpus, key) and corpus[key] is not None:
+                corpus[key] = [to_absolute_path(str(f)) for f in corpus[key]]
+        # data=hf: local files and a save_to_disk folder; a hub name or a builder name (parquet, json...) is kept as is
+        files = cfg.data.get("data_files")
+        if files is not None:
+            if isinstance(files, str):
+                cfg.data.data_files = to_absolute_path(files)
+            elif OmegaConf.is_dict(files):
+                for split, value in files.items():
+                    files[split] = to_absolute_path(value) if isinstance(value, str) else [to_absolute_path(str(f)) for f in value]
+            else:
+                cfg.data.data_files = [to_absolute_path(str(f)) for f in files]
+        path = cfg.data.get("path")
+        if isinstance(path, str) and not OmegaConf.is_missing(cfg.data, "path") and Path(to_absolute_path(path)).is_dir():
+            cfg.data.path = to_absolute_path(path)
+
+
+def _hydra_task_overrides() -> tuple[list[str], dict]:
+    """The command line's overrides and the group choices, when running under Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        hc = HydraConfig.get()
+    except ValueError:
+        return [], {}
+    return list(hc.overrides.task), dict(hc.runtime.choices)
+
+
+def build_loggers(cfg: DictConfig, run_config: dict, output_dir: Path, resume_step: int | None, wandb_id: str | None,
+                  choices: dict) -> list:
+    loggers = []
+    for node in (cfg.logger or {}).values():
+        if node is None or "_target_" not in node:
+            continue
+        cls = get_class(node._target_)
+        extra = {"resume_step": resume_step} if "resume_step" in inspect.signature(cls).parameters else {}
+        if issubclass(cls, wandb_run.WandbLoggerClass()):
+            extra = wandb_run.wandb_init_kwargs(run_config, output_dir, wandb_run.job_type(choices), wandb_id, resume_step, choices)
+            extra["tags"] = [*map(str, node.get("tags") or []), *(cfg[g]._target_.rsplit(".", 1)[-1] for g in ("model", "pe"))]
+            if node.get("group"):  # a study config that names its group keeps it
+                extra["group"] = str(node.group)
+        # partial first: `config` (W&B's run config, full of `_target_`s) must reach the logger as a plain dict
+        logger = instantiate(node, _partial_=True)(**extra)
+        if "job_type" in extra:
+            # WandbLogger always passes `anonymous` (None by default), which this wandb deprecates with a warning
+            logger._wandb_init.pop("anonymous", None)
+        loggers.append(logger)
+    for logger in loggers:
+        if not wandb_run.wandb_loggers([logger]):
+            logger.log_hyperparams(run_config)  # the CSV logger's hparams.yaml: the whole config, as W&B's
+    return loggers
+
+
+def build_callbacks(cfg: DictConfig, run_config: dict, has_logger: bool, choices: dict | None = None) -> list:
+    callbacks = _instantiate_all(cfg.callbacks)
+    if not has_logger:  # logger=none: the LR monitor would stop the run for want of somewhere to write
+        callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
+    if cfg.trainer.get("enable_model_summary", True):
+        callbacks.append(ParameterSummary())
+    # GracefulStop turns SIGTERM/Ctrl-C into a stop between optimiser steps, so the saved checkpoint is exact
+    return [*callbacks, RunConfigInCheckpoint(run_config, choices), ValidateAtEnd(), GracefulStop()]
+
+
+def check_batch_fits(cfg: DictConfig, datamodule) -> None:
+    """A batch larger than the training split is a typo (data.batch_size=1e9 trained on every block at once)."""
+    blocks = max(0, (datamodule.n_tokens("train") - 1) // int(cfg.data.seq_len))
+    if int(cfg.data.batch_size) > blocks:
+        raise ConfigError(f"data.batch_size={cfg.data.batch_size} is larger than the training split, which holds {blocks} blocks "
+                          f"of data.seq_len={cfg.data.seq_len} tokens; valid: 1 to {blocks}")
+
+
+def resume_command(cfg: DictConfig) -> str:
+    """The override that continues this run from its last checkpoint: ``ckpt_path=<run>/checkpoints/last.ckpt``."""
+    return shlex.quote(f"ckpt_path={Path(cfg.paths.output_dir) / 'checkpoints' / 'last.ckpt'}")
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Check the config, build data/model/trainer, fit; returns the final logged metrics.
+
+    On resume the checkpoint's config is checked and applied before anything is written.
+    """
+    overrides, choices = _hydra_task_overrides()
+    as_given = OmegaConf.to_container(cfg, resolve=False)  # before paths are made absolute: a resume keeps what derives from what
+    absolute_input_paths(cfg)
+    ckpt_path, output_dir, resume_step, state = read_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir))
+    resume_changes: dict[str, tuple] = {}
+    if ckpt_path is not None:
+        saved = saved_run_config(state, ckpt_path)
+        if saved is None:
+            log.warning("%s carries no run config: resuming with the config as given, unchecked", ckpt_path)
+        else:
+            saved_choices = state.get("group_choices")
+            resume_changes = apply_resume_config(cfg, saved, overrides, ckpt_path, output_dir, as_given, saved_choices)
+            absolute_input_paths(cfg)  # what the command line set, relative to where it was typed
+            # the run's choices, with those the command line changed (a resumed rope run stays pe=rope)
+            given = {o.partition("=")[0]: o.partition("=")[2] for o in overrides if "=" in o and not o.startswith(("~", "+", "hydra"))}
+            choices = {**(saved_choices or choices), **{k: v for k, v in given.items() if k in choices}}
+        log.info("resuming %s at step %d: continuing in %s", ckpt_path, resume_step, output_dir)
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(output_dir)  # checkpoints and logs continue in the original run
+    wandb_id = (state or {}).get("wandb_run_id")
+    del state
+    check_config(cfg)
+    check_writable(output_dir)
+    if resume_step is not None and all(int(os.environ.get(k, 0)) == 0 for k in ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID")):
+        adopt_staged_output(output_dir, resume_step)  # the checks passed: the resume's .hydra/ and log join its run
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:  # DDP's other ranks start later
+        remove_partial_writes(output_dir)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "highest"))
+
+    datamodule = instantiate(cfg.data)
+    if not isinstance(datamodule, L.LightningDataModule):
+        raise ConfigError(f"data._target_={cfg.data._target_} did not build a LightningDataModule")
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    check_batch_fits(cfg, datamodule)
+    model = build_model(cfg, datamodule)
+    if cfg.compile:
+        model.compile()
+    task = LanguageModelTask(model, max_steps=cfg.trainer.max_steps, **OmegaConf.to_container(cfg.optimizer, resolve=True))
+
+    run_config = OmegaConf.to_container(cfg, resolve=True)
+    run_choices = choices
+    loggers = build_loggers(cfg, run_config, output_dir, resume_step, wandb_id, choices)
+    exit_code = 1
+    try:
+        trainer: L.Trainer = instantiate(
+            cfg.trainer, callbacks=build_callbacks(cfg, run_config, bool(loggers), run_choices), logger=loggers or False,
+            plugins=[AtomicCheckpointIO()],
+            enable_model_summary=False,  # ParameterSummary (in build_callbacks) prints it when the config asks
+        )
+        if trainer.is_global_zero:
+            write_run_info(cfg, output_dir, datamodule, model, resume_step, resume_changes)
+        log.info(
+            "%s: %s + %s, %d parameters, vocab %d, %d training tokens",
+            cfg.run_name, type(model).__name__, cfg.pe._target_.rsplit(".", 1)[-1],
+            sum(p.numel() for p in model.parameters()), datamodule.vocab_size, datamodule.n_tokens("train"),
+        )
+        try:
+            # Our own checkpoints carry RNG states (numpy arrays), which torch's weights_only loader refuses.
+            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
+        except SystemExit as stop:
+            if type(stop) is SystemExit and trainer.interrupted:
+                raise KeyboardInterrupt from None  # Lightning ends a Ctrl-C in sys.exit(1); say what it was
+            raise
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        records = geometry_records(trainer.callbacks)
+        if trainer.is_global_zero:
+            wandb_run.log_end_of_run(loggers, records)
+            # every segment of a resumed run is its own offline folder with the same run id: upload them all
+            wandb_dirs = [sorted(Path(lg.experiment.dir).parent.parent.glob(f"offline-run-*-{lg.version}"))
+                          for lg in wandb_run.wandb_loggers(loggers)]
+            log.info("%s", run_summary(metrics, records, output_dir, wandb_dirs, start_dir=Path(to_absolute_path("."))))
+        exit_code = 0
+    finally:
+        wandb_run.finish(loggers, exit_code)  # the next job of a sweep (same process) must get its own run
+    return metrics

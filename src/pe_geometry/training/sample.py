@@ -1,0 +1,74 @@
+"""A short text sample at the end of training, so every run shows what its model writes."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+from pe_geometry.model import EncoderMLM
+from pe_geometry.model.sampling import fill_masks, generate
+
+log = logging.getLogger(__name__)
+
+
+class SampleTextCallback(L.Callback):
+    """At the end of training (rank 0), continue ``prompt`` by ``max_new_tokens`` tokens and log the text.
+
+    A masked-LM encoder cannot continue text: it gets the first ``max_new_tokens`` validation
+    tokens with every ``blank_every``-th one masked, and the log shows the blanks it filled.
+    The text also goes to every logger that has ``log_text`` (W&B) as ``samples/text``.
+    """
+
+    def __init__(
+        self,
+        prompt: str = "ROMEO:\n",
+        max_new_tokens: int = 48,
+        temperature: float = 0.8,
+        top_k: int | None = 40,
+        top_p: float | None = 0.95,
+        blank_every: int = 6,
+        seed: int = 0,
+    ) -> None:
+        self.prompt, self.max_new_tokens, self.blank_every, self.seed = prompt, max_new_tokens, blank_every, seed
+        self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+        self.text: str | None = None  # the last sample, for tests and notebooks
+
+    @rank_zero_only
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datamodule = getattr(trainer, "datamodule", None)
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        if tokenizer is None or self.max_new_tokens <= 0:
+            return
+        model, was_training = pl_module.model, pl_module.training
+        model.eval()
+        generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+        try:
+            if isinstance(model, EncoderMLM):
+                self.text = self._fill_in(model, tokenizer, datamodule, pl_module.device, generator)
+            else:
+                # <eos> first: a new document, as after every document in training (and an encoder-decoder needs 2 tokens)
+                ids = [tokenizer.token_to_id("<eos>"), *tokenizer.encode(self.prompt).ids]
+                prompt = torch.tensor([ids], device=pl_module.device)
+                out = generate(model, prompt, self.max_new_tokens, generator=generator, **self.sampling)
+                self.text = tokenizer.decode(out[0].tolist())
+        except ValueError as err:  # e.g. a learned position table too short: the run itself went fine
+            log.warning("no text sample: %s", err)
+            return
+        finally:
+            model.train(was_training)
+        log.info("sample after %d steps:\n%s", trainer.global_step, self.text)
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_text"):
+                logger.log_text(key="samples/text", columns=["step", "text"], data=[[trainer.global_step, self.text]])
+
+    def _fill_in(self, model: EncoderMLM, tokenizer, datamodule, device: torch.device, generator: torch.Generator) -> str:
+        ids = torch.as_tensor(datamodule.streams["validation"][: self.max_new_tokens].astype("int64"), device=device)[None]
+        blanked = ids.clone()
+        blanked[:, self.blank_every // 2 :: self.blank_every] = model.mask_token_id
+        filled = fill_masks(model, blanked, generator=generator, **self.sampling)
+        blanks = (blanked == model.mask_token_id)[0]
+        pairs = [f"{tokenizer.decode([int(t)])!r}->{tokenizer.decode([int(f)])!r}" for t, f in zip(ids[0][blanks], filled[0][blanks])]
+        return f"{tokenizer.decode(filled[0].tolist())}\n(blanks, true->filled: {', '.join(pairs)})"

@@ -1,0 +1,106 @@
+"""Checks of a composed config, run before anything is built or trained.
+
+Each problem raises ``ConfigError`` with one line that names the bad value and
+what would be valid; ``train.py`` prints it and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_class
+from omegaconf import DictConfig
+
+from pe_geometry.data.tokenizer import check_tokenizer_settings
+from pe_geometry.training.schema import SchemaError, check_schema
+
+log = logging.getLogger(__name__)
+# Options renamed so their names explain themselves; the old names are kept as aliases (configs/<group>/<old>.yaml).
+RENAMED_OPTIONS = {("embedding", "learned"): "plain", ("attention", "mha"): "explicit"}
+
+
+class ConfigError(SchemaError):
+    """A config value that cannot work."""
+
+
+def _choices() -> dict:
+    """The group options the run was composed from (pe=rope, ...), to name them in errors."""
+    try:
+        return dict(HydraConfig.get().runtime.choices)
+    except ValueError:  # composed outside Hydra's run context
+        return {}
+
+
+def renamed_options() -> list[str]:
+    """One line per group option given by its old name, naming the new one."""
+    choices = _choices()
+    return [f"{group}={old} is deprecated, use {group}={new} (the same settings)"
+            for (group, old), new in RENAMED_OPTIONS.items() if choices.get(group) == old]
+
+
+def _option(group: str, node: DictConfig) -> str:
+    """The option name a config group was given (pe=rope), else its _target_'s class name."""
+    return str(_choices().get(group) or str(node.get("_target_", "")).rsplit(".", 1)[-1])
+
+
+def check_positional_encoding(cfg: DictConfig) -> None:
+    """Ask the encoding named by ``pe._target_`` whether it can work with the model and data sizes."""
+    pe = cfg.pe  # its keys and types were checked by the schema
+    pe_class = get_class(str(pe._target_))
+    settings = {k: v for k, v in pe.items() if not str(k).startswith("_")}
+    try:
+        pe_class.check_settings(int(cfg.model.d_model), int(cfg.model.n_heads), int(cfg.data.seq_len), **settings)
+    except ValueError as err:
+        raise ConfigError(f"pe={_option('pe', pe)}: {err}") from None
+
+
+def check_run_settings(cfg: DictConfig) -> None:
+    """Checks that need more than one key, or the machine: beyond what the schema's types and ranges say."""
+    interval = cfg.trainer.get("val_check_interval")
+    if isinstance(interval, float) and interval > 1:  # Lightning reads a float as a fraction of an epoch
+        raise ConfigError(f"trainer.val_check_interval={interval} must be a positive number of steps or a fraction of an epoch in (0, 1]")
+    limit = cfg.trainer.get("limit_val_batches")
+    if isinstance(limit, float) and limit > 1:  # Lightning reads a float as a fraction of the validation set
+        raise ConfigError(f"trainer.limit_val_batches={limit} must be a number of batches >= 0 or a fraction in [0, 1]")
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") and not torch_cuda_available():
+        raise ConfigError(f"trainer.accelerator={accelerator}: torch sees no CUDA GPU here; valid on this machine: ['cpu', 'auto']")
+    if accelerator == "mps" and not torch_mps_available():
+        raise ConfigError("trainer.accelerator=mps: no Apple GPU (MPS) is available here; valid on this machine: ['cpu', 'auto']")
+    geometry = (cfg.get("callbacks") or {}).get("geometry")
+    if geometry is not None and int(geometry.get("fixed_k", 1)) > int(cfg.model.d_model):
+        raise ConfigError(f"callbacks.geometry.fixed_k={geometry.fixed_k} must be at most model.d_model={cfg.model.d_model}")
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def torch_mps_available() -> bool:
+    import torch
+
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def check_config(cfg: DictConfig) -> None:
+    """The schema (every key typed and ranged, unknown keys refused), then the checks across keys."""
+    for line in renamed_options():
+        log.warning(line)
+    try:
+        check_schema(cfg, _choices())
+    except SchemaError as err:
+        raise ConfigError(str(err)) from None
+    m, data = cfg.model, cfg.data
+    d_model, n_heads = int(m.d_model), int(m.n_heads)
+    if d_model % n_heads:
+        divisors = [h for h in range(1, min(d_model, 64) + 1) if d_model % h == 0]
+        raise ConfigError(f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}; valid n_heads: {divisors}")
+    check_positional_encoding(cfg)
+    try:
+        check_tokenizer_settings(data.tokenizer, int(data.vocab_size))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    check_run_settings(cfg)

@@ -1,0 +1,121 @@
+"""One W&B run per training job, with the whole config, grouped by sweep, finished whatever happens.
+
+- ``wandb_init_kwargs``: what ``WandbLogger`` passes to ``wandb.init`` beyond the yaml: the resolved
+  config nested as in the yaml (so ``pe``, ``model.d_model``, ``seed`` can be filtered and grouped),
+  ``group`` (the sweep folder of a ``-m`` call, identical in every job whatever the launcher; a
+  single run is its own group), ``job_type`` (the experiment), and on resume the earlier run's id.
+- ``finish``: ``wandb.finish`` for this job's run (with the exit code on failure), so the next job
+  of a basic-launcher sweep, which runs in the same process, starts its own run.
+- ``log_end_of_run``: each headline geometry figure with its chance on one chart, and the pairwise
+  angle table at initialisation and at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pe_geometry.analysis import metric_names as names
+
+log = logging.getLogger(__name__)
+
+HEADLINE_GEOMETRY = tuple(names.input_metric(m) for m in ("abs_cos_mean", "overlap_k8", "angle_mean_k8_deg"))
+
+
+def WandbLoggerClass() -> type:  # noqa: N802 - stands for the class
+    from lightning.pytorch.loggers import WandbLogger
+
+    return WandbLogger
+
+
+def wandb_loggers(loggers: Iterable) -> list:
+    return [lg for lg in loggers if isinstance(lg, WandbLoggerClass())]
+
+
+def sweep_group(output_dir: Path) -> str:
+    """The W&B group: ``<sweep dir>`` for a job of a ``-m`` call, the run folder's name otherwise.
+
+    Hydra resolves ``hydra.sweep.dir`` once, in the launching process, so it is the same string in
+    every job (a ``${now:...}`` in the logger config is not: each joblib worker resolves its own).
+    """
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            sweep = Path(hc.sweep.dir)
+            return f"{sweep.parent.name}_{sweep.name}" if sweep.parent.name else sweep.name
+    except ValueError:  # no Hydra context (a test composing the config itself)
+        pass
+    return output_dir.name
+
+
+CHOICE_GROUPS = ("model", "pe", "embedding", "attention", "data", "experiment")
+
+
+def wandb_init_kwargs(
+    run_config: dict[str, Any], output_dir: Path, job_type: str, resume_id: str | None, resumed_from_step: int | None,
+    choices: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``WandbLogger`` (passed on to ``wandb.init``).
+
+    ``choices`` (the command line's group options, e.g. ``pe: rope``) become ``config.choices`` so
+    runs group by option name; a resumed run leaves them out (its command line does not name them).
+    """
+    config = dict(run_config)
+    if choices and resumed_from_step is None:
+        config["choices"] = {g: choices.get(g) for g in CHOICE_GROUPS}
+    kwargs: dict[str, Any] = {"group": sweep_group(output_dir), "job_type": job_type, "config": config}
+    if resume_id is not None:
+        # Offline W&B writes the resumed segment to a new offline-run-* folder with the same id;
+        # `wandb sync` of both folders gives one run online. The link is kept in the config as well.
+        kwargs |= {"id": resume_id, "resume": "allow"}
+        config["resumed_from"] = {"wandb_run_id": resume_id, "step": resumed_from_step}
+    return kwargs
+
+
+def job_type(hydra_choices: dict[str, Any] | None) -> str:
+    """The experiment's name (``experiment=quick`` -> ``quick``), ``default`` without one."""
+    return str((hydra_choices or {}).get("experiment") or "default")
+
+
+def log_end_of_run(loggers: Iterable, records: dict[int, dict[str, float]]) -> None:
+    """Headline geometry vs chance as one line chart each, and the angle table at init and end."""
+    runs = [lg.experiment for lg in wandb_loggers(loggers)]
+    if not runs or not records:
+        return
+    import wandb
+
+    steps = sorted(records)
+    first, last = records[steps[0]], records[steps[-1]]
+    charts = {}
+    for name in HEADLINE_GEOMETRY:
+        chance = names.companion(name, "_chance")
+        pts = [s for s in steps if name in records[s] and chance in records[s]]
+        if pts:
+            charts[f"charts/{name.removeprefix('geometry/')}_vs_chance"] = wandb.plot.line_series(
+                xs=pts, ys=[[records[s][name] for s in pts], [records[s][chance] for s in pts]],
+                keys=[name, chance], title=f"{name} and its chance", xname="step",
+            )
+    # The seed article's table: the pairwise cos/angle statistics, each with a Gaussian-matrix baseline.
+    pairwise = sorted(k for k in last if names.companion(k, "_random") in last and not k.endswith(("_random", "_chance")))
+    if pairwise:
+        columns = ["measure", f"init (step {steps[0]})", f"end (step {steps[-1]})", "chance", "random matrices"]
+        rows = [
+            [k.removeprefix("geometry/"), first.get(k), last[k],
+             last.get(names.companion(k, "_chance")), last[names.companion(k, "_random")]]
+            for k in pairwise
+        ]
+        charts["tables/angle_table"] = wandb.Table(columns=columns, data=rows)
+    for run in runs:
+        run.log(charts)
+
+
+def finish(loggers: Iterable, exit_code: int) -> None:
+    """End this job's W&B run (exit code 0 = finished, else failed); a no-op if none was started."""
+    for lg in wandb_loggers(loggers):
+        if lg._experiment is not None:  # started: finishing an unstarted logger would start one
+            lg._experiment.finish(exit_code=exit_code)
