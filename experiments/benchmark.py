@@ -37,11 +37,10 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 from torch import nn
 
-from pe_geometry.training.build import build_datamodule
-from pe_geometry.training.pipeline import build_model
+from pe_geometry.training.run_loader import build_datamodule, build_model
 from pe_geometry.training.task import LanguageModelTask
 from pe_geometry.training.throughput import training_flops_per_batch
 
@@ -141,7 +140,7 @@ def time_project(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> tu
     model = build_model(cfg, datamodule)
     if compiled:
         model.compile()
-    task = LanguageModelTask(model, max_steps=warmup + steps, **OmegaConf.to_container(cfg.optimizer))
+    task = LanguageModelTask(model, optimizer=instantiate(cfg.optimizer), max_steps=warmup + steps)
     timer = StepTimer(warmup)
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=warmup + steps, limit_val_batches=0, logger=False,

@@ -3,8 +3,9 @@
     python experiments/benchmark_generate.py            # 256 and 1024 new tokens, rope and sinusoidal
     python experiments/benchmark_generate.py --quick    # 32 and 128 new tokens, rope only (a smoke test)
 
-The model is the default decoder (configs/model/decoder.yaml, vocabulary of configs/data/shakespeare.yaml)
-with random weights: speed does not depend on what the weights learned. Decoding is greedy from a
+The model is the default decoder (configs/train.yaml composed with the given pe= and attention=, built as
+training builds it, vocabulary of configs/data/shakespeare.yaml) with random weights: speed does not depend
+on what the weights learned. Decoding is greedy from a
 16-token prompt; without the cache every step re-reads the whole sequence, so its cost per token
 grows with the length while the cached step reads one token against the stored keys and values.
 Both paths must produce the same tokens (checked).
@@ -15,30 +16,31 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-from pathlib import Path
+from types import SimpleNamespace
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
+import pe_geometry.training.names  # noqa: F401  (the resolvers configs/ uses)
 from pe_geometry.configs import CONFIG_DIR
 from pe_geometry.model.sampling import generate
-
-ROOT = Path(__file__).resolve().parents[1]
+from pe_geometry.training.run_loader import build_model
 
 PROMPT_LEN = 16
+# Every option of a group, as its config folder lists them: a new attention kernel or PE is accepted by itself.
+ATTENTION_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "attention").glob("*.yaml"))
+PE_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "pe").glob("*.yaml"))
 
 
 def build_decoder(pe: str, attention: str) -> torch.nn.Module:
-    configs = CONFIG_DIR
-    vocab_size = OmegaConf.load(configs / "data" / "shakespeare.yaml").vocab_size
+    """The default decoder with ``pe=<pe> attention=<attention>``, composed and built as ``train.py`` does."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["model=decoder", f"pe={pe}", f"attention={attention}", "data=shakespeare"])
     torch.manual_seed(0)
-    return instantiate(
-        OmegaConf.load(configs / "model" / "decoder.yaml"),
-        vocab_size=vocab_size,
-        pe=instantiate(OmegaConf.load(configs / "pe" / f"{pe}.yaml")),
-        attention=instantiate(OmegaConf.load(configs / "attention" / f"{attention}.yaml")),
-    ).eval()
+    vocabulary = SimpleNamespace(vocab_size=int(cfg.data.vocab_size), mask_token_id=None)  # no data needs building
+    return build_model(cfg, vocabulary).eval()
 
 
 def tokens_per_second(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> tuple[float, torch.Tensor]:
@@ -49,17 +51,18 @@ def tokens_per_second(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: 
     return prompt.shape[0] * new_tokens / seconds, out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="32 and 128 new tokens, rope only")
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[256, 1024])
-    parser.add_argument("--pe", nargs="+", default=["rope", "sinusoidal"], help="PE types with no length limit")
-    parser.add_argument("--attention", default="sdpa", choices=["sdpa", "mha"])
+    parser.add_argument("--pe", nargs="+", default=["rope", "sinusoidal"], choices=PE_OPTIONS,
+                        help="PE types (learned stops at pe.max_len positions)")
+    parser.add_argument("--attention", default="sdpa", choices=ATTENTION_OPTIONS)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads; one step of a small model is too short to split across cores")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
         args.new_tokens, args.pe = [32, 128], ["rope"]

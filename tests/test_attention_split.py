@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pe_geometry.analysis.attention_split import (
     POSITIONAL_TERMS,
@@ -13,6 +14,7 @@ from pe_geometry.analysis.attention_split import (
     first_layer_attention_split,
     first_layer_terms,
     positional_heads,
+    split_layernorm,
     term_shares,
 )
 from pe_geometry.model import DecoderLM, ExplicitAttention, LearnedPE
@@ -27,6 +29,51 @@ def halves(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     e[:, :4] = torch.randn(T, 4, generator=g, dtype=torch.float64)
     p[:, 4:] = torch.randn(T, 4, generator=g, dtype=torch.float64)
     return e, p
+
+
+def test_split_layernorm_sums_to_layer_norm():
+    g = torch.Generator().manual_seed(25)
+    e, p = torch.randn(2, 7, 16, generator=g, dtype=torch.float64)
+    weight, bias = torch.randn(2, 16, generator=g, dtype=torch.float64)
+    e_part, p_part, b_part = split_layernorm(e, p, weight, bias, eps=1e-5)
+    ref = F.layer_norm(e + p, (16,), weight, bias, eps=1e-5)
+    torch.testing.assert_close(e_part + p_part + b_part, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close((e_part / weight).mean(-1), torch.zeros(7, dtype=torch.float64), rtol=0, atol=1e-12)
+    naive = F.layer_norm(e, (16,), weight, bias) + F.layer_norm(p, (16,), weight)
+    assert (naive - ref).abs().max() > 0.1  # normalising each part alone is not the same
+
+
+def test_terms_sum_to_linear_layer_scores_and_keep_query_and_key_apart():
+    """Brute force with nn.Linear (x @ W.T + b): the terms add up to the scores, and word_pos is query word x key position."""
+    n_heads, d_head = 2, D // 2
+    g = torch.Generator().manual_seed(29)
+    e, p = torch.randn(2, T, D, generator=g, dtype=torch.float64)
+    q_lin, k_lin = torch.nn.Linear(D, D).double(), torch.nn.Linear(D, D).double()
+    terms = attention_split(e, p, q_lin.weight.T, k_lin.weight.T, q_lin.bias, k_lin.bias, n_heads=n_heads)
+    assert set(terms) == set(TERMS)
+    with torch.no_grad():
+        q = q_lin(e + p).view(T, n_heads, d_head).transpose(0, 1)
+        k = k_lin(e + p).view(T, n_heads, d_head).transpose(0, 1)
+        q_e, k_p = (e @ q_lin.weight.T)[:, :d_head], (p @ k_lin.weight.T)[:, :d_head]
+    torch.testing.assert_close(sum(terms.values()), q @ k.transpose(-2, -1) / math.sqrt(d_head), rtol=0, atol=1e-10)
+    torch.testing.assert_close(terms["word_pos"][0], q_e @ k_p.T / math.sqrt(d_head))
+    no_position = attention_split(e, torch.zeros(T, D, dtype=torch.float64), q_lin.weight.T, k_lin.weight.T,
+                                  q_lin.bias, k_lin.bias, n_heads=n_heads)
+    for name in ("pos_pos", "word_pos", "pos_word", "pos_bias"):
+        assert no_position[name].abs().max() == 0, name
+
+
+def test_each_head_gets_its_own_shares():
+    """Head 0 reads only position dims, head 1 only word dims: head 0 alone is positional."""
+    e, p = halves(30)
+    g = torch.Generator().manual_seed(32)
+    W_q, W_k = torch.zeros(2, D, D, dtype=torch.float64)
+    W_q[4:, :4], W_k[4:, :4] = torch.randn(2, 4, 4, generator=g, dtype=torch.float64)  # head 0: position in, position out
+    W_q[:4, 4:], W_k[:4, 4:] = torch.randn(2, 4, 4, generator=g, dtype=torch.float64)  # head 1: words
+    shares = term_shares(attention_split(e, p, W_q, W_k, n_heads=2))
+    torch.testing.assert_close(shares["pos_pos"], torch.tensor([1.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(shares["word_word"], torch.tensor([0.0, 1.0], dtype=torch.float64))
+    assert positional_heads(shares) == [0]
 
 
 def test_key_position_bias_head_is_fully_positional():
@@ -126,17 +173,3 @@ def test_terms_sum_to_the_real_first_layer_scores(norm):
     assert mask is not None and mask.equal(torch.ones(10, 10, dtype=torch.bool).tril())
     assert (terms["pos_bias"].abs().amax(dim=(-2, -1)) > 1e-3).all()  # the bias route exists in a real layer
     torch.testing.assert_close(sum(shares[name] for name in TERMS), torch.ones(2, dtype=torch.float64))
-
-
-def test_agrees_with_the_older_four_term_split_and_refines_its_bias_term():
-    """The four word/position terms are unchanged; the old lumped "bias" is word_bias + pos_bias + bias_bias."""
-    from pe_geometry.analysis.geometry import attention_terms
-
-    g = torch.Generator().manual_seed(7)
-    e, p = torch.randn(T, D, generator=g, dtype=torch.float64), torch.randn(T, D, generator=g, dtype=torch.float64)
-    W_q, W_k = torch.randn(D, D, generator=g, dtype=torch.float64), torch.randn(D, D, generator=g, dtype=torch.float64)
-    b_q, b_k = torch.randn(D, generator=g, dtype=torch.float64), torch.randn(D, generator=g, dtype=torch.float64)
-    new, old = attention_split(e, p, W_q, W_k, b_q, b_k, n_heads=2), attention_terms(e, p, W_q, W_k, b_q, b_k, n_heads=2)
-    for name in ("word_word", "pos_pos", "word_pos", "pos_word"):
-        torch.testing.assert_close(new[name], old[name])
-    torch.testing.assert_close(new["word_bias"] + new["pos_bias"] + new["bias_bias"], old["bias"])

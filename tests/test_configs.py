@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import MissingConfigException
 
 from pe_geometry.training.validate import ConfigError, check_config
 from tests.conftest import CONFIG_DIR, ROOT, compose_train_config
@@ -84,11 +85,11 @@ def test_cli_bad_value_is_one_line_and_nothing_is_trained(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("old,new", [("embedding=learned", "embedding=plain"), ("attention=mha", "attention=explicit")])
-def test_renamed_options_still_work_and_name_the_new_one(old, new, tmp_path, caplog):
-    cfg_old = compose_train_config([old], output_dir=tmp_path)
-    with caplog.at_level("WARNING"):
-        check_config(cfg_old)
-    assert f"{old} is deprecated, use {new}" in caplog.text
-    group = old.split("=")[0]
-    assert cfg_old[group] == compose_train_config([new], output_dir=tmp_path)[group]  # the alias builds the same part
+@pytest.mark.parametrize("old,valid", [("embedding=learned", ["plain", "scaled"]), ("attention=mha", ["explicit", "sdpa"])])
+def test_old_option_names_are_unknown_options_that_list_the_valid_ones(old, valid, tmp_path):
+    """embedding=learned (now plain; pe=learned is the position table) and attention=mha (now explicit) are gone:
+    they fail like any unknown option, with Hydra's list of the valid ones, instead of training something."""
+    group, name = old.split("=")
+    with pytest.raises(MissingConfigException, match=f"Could not find '{group}/{name}'") as err:
+        compose_train_config([old], output_dir=tmp_path)
+    assert all(f"\t{option}\n" in str(err.value) for option in valid)

@@ -8,12 +8,14 @@ from functools import partial
 
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from pe_geometry.analysis import geometry as geo
 from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
 from pe_geometry.model.positional import LearnedPE, SinusoidalPE, sinusoidal_table
 from pe_geometry.model.transformer import DecoderLM, EncoderDecoder
 from pe_geometry.training.task import LanguageModelTask
+from tests.conftest import compose_train_config
 
 D, K, VOCAB = 64, 8, 300
 
@@ -77,7 +79,9 @@ def test_centred_table_has_zero_mean_row_and_keeps_its_shift_when_it_grows():
 
 
 def _weight_decay_of(model, no_decay_embeddings: bool) -> dict[int, float]:
-    task = LanguageModelTask(model, weight_decay=0.1, no_decay_embeddings=no_decay_embeddings)
+    """Each parameter's weight decay in the optimiser configs/optimizer builds, as control=no_decay sets it or not."""
+    cfg = compose_train_config(["control=no_decay"] if no_decay_embeddings else [])
+    task = LanguageModelTask(model, optimizer=instantiate(cfg.optimizer), max_steps=10)
     optimizer = task.configure_optimizers()["optimizer"]
     return {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, SDPAttention
+from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, LearnedPE, SDPAttention
 from pe_geometry.model.sampling import fill_masks, generate, next_token, top_k_filter, top_p_filter
 from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, tiny_train_config
 from tests.test_attention import build
@@ -121,7 +121,7 @@ def test_next_token_greedy_and_filtered_sampling():
 
 
 def test_learned_table_length_limit_is_a_clear_error():
-    model = DecoderLM(vocab_size=20, d_model=16, n_heads=2, n_layers=1, pe=lambda **kw: __import__("pe_geometry.model", fromlist=["LearnedPE"]).LearnedPE(**kw, max_len=10))
+    model = DecoderLM(vocab_size=20, d_model=16, n_heads=2, n_layers=1, pe=lambda **kw: LearnedPE(**kw, max_len=10))
     with pytest.raises(ValueError, match=r"12 positions needed but the LearnedPE table has 10 \(pe.max_len\)"):
         generate(model, torch.zeros(1, 4, dtype=torch.long), 9)
     assert generate(model, torch.zeros(1, 4, dtype=torch.long), 7).shape == (1, 11)  # 10 positions read: fits

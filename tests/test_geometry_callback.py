@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -28,17 +29,17 @@ def read_rows(run):
 def test_geometry_logged_at_init_cadence_and_end(pe, tmp_path, tiny_corpus, cache_dir):
     train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [f"pe={pe}", *CADENCE]))
     rows = read_rows(tmp_path / "run")
-    probe_key = "geometry/hidden/layer0/position_probe_r2"
-    steps = sorted(int(r["step"]) for r in rows if r.get(probe_key))
+    hidden_key = "geometry/hidden/layer0/position_var_share"
+    steps = sorted(int(r["step"]) for r in rows if r.get(hidden_key))
     assert steps == [0, 2, 4, 5]  # initialisation, every 2 steps, the end
     has_table = pe in ("sinusoidal", "learned")
     assert ("geometry/abs_cos_mean" in rows[0]) == has_table
     if has_table:
         init = next(r for r in rows if r.get("geometry/abs_cos_mean") and int(r["step"]) == 0)
         assert float(init["geometry/abs_cos_mean_chance"]) == pytest.approx(np.sqrt(2 / (np.pi * 32)), rel=0.05)
-        assert "geometry/attn/n_positional_heads" in init
-    tokens = (tmp_path / "run" / "geometry_tokens.json").read_text()
-    assert "most frequent training tokens" in tokens
+        assert float(init["geometry/attn/n_positional_heads_all_terms"]) in range(5)  # 0..n_heads
+    tokens = json.loads((tmp_path / "run" / "geometry_tokens.json").read_text())
+    assert "most frequent training tokens" in tokens["word_rows"] and len(tokens["tokens"]) == 50
 
 
 def test_geometry_callback_does_not_change_training(tmp_path, tiny_corpus, cache_dir):
@@ -93,5 +94,5 @@ def test_records_keep_each_logged_step():
         trainer.global_step = step
         callback._record(trainer, SimpleNamespace(model=model))
     assert sorted(callback.records) == [0, 3]
-    assert "geometry/abs_cos_mean" in callback.records[0] and "geometry/hidden/layer2/position_probe_r2" in callback.records[3]
+    assert "geometry/abs_cos_mean" in callback.records[0] and "geometry/hidden/layer2/position_var_share" in callback.records[3]
     assert model.training  # put back in training mode

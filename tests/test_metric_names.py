@@ -14,7 +14,7 @@ from pe_geometry.analysis import metric_names as names
         (names.input_metric("abs_cos_mean") + "_chance", "input", "abs_cos_mean", None, None, "_chance"),
         (names.hidden_metric(2, "overlap_pos_tok_k8") + "_shuffled", "hidden", "overlap_pos_tok_k8", "layer", 2, "_shuffled"),
         (names.attention_share_metric(3, "pos_pos"), "attn", "pos_pos_share", "head", 3, None),
-        (names.N_POSITIONAL_HEADS, "attn", "n_positional_heads", None, None, None),
+        (names.N_POSITIONAL_HEADS_ALL_TERMS, "attn", "n_positional_heads_all_terms", None, None, None),
     ],
 )
 def test_built_names_parse_back(key, section, measure, panel, index, companion):
@@ -53,3 +53,12 @@ def test_every_measure_of_the_geometry_module_is_described():
 def test_unknown_attention_term_is_rejected():
     with pytest.raises(ValueError, match=r"unknown attention term 'pos'; valid: \['word_word'"):
         names.attention_share_metric(0, "pos")
+
+
+def test_measures_older_runs_logged_are_still_described_but_no_longer_built():
+    """The report of an older run titles its lumped bias share and pos_pos-only head count; new runs cannot log them."""
+    assert names.describe("bias_share")[0] == "Block 0 attention: score variance from the bias (all three bias terms) term"
+    assert names.describe("n_positional_heads")[0].startswith("Block 0 positional heads (position–position")
+    assert names.describe("position_probe_r2")[0] == "Position read off the hidden states (ridge probe)"
+    with pytest.raises(ValueError, match="unknown attention term 'bias'"):
+        names.attention_share_metric(0, "bias")

@@ -1,4 +1,4 @@
-"""Reliability (issue 7): a killed run resumes exactly, SIGTERM/Ctrl-C save a checkpoint, a NaN
+"""Reliability: a killed run resumes exactly, SIGTERM/Ctrl-C save a checkpoint, a NaN
 loss stops cleanly, every run records how it was made, bad inputs are one clear line, DDP works.
 
 Real ``python train.py`` processes where a signal, an exit code or a relaunch is the point (at
@@ -26,6 +26,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from pe_geometry.analysis.runs import read_run_rows
 from pe_geometry.data.corpus import CorpusError
 from pe_geometry.data.datamodule import EpochShuffleSampler
 from pe_geometry.training.pipeline import build_model, resolve_checkpoint, train
@@ -101,8 +102,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def logged_steps(path: Path, metric: str = "train/loss") -> list[int]:
-    return [int(r["step"]) for r in read_rows(path) if r.get(metric)]
+def logged_steps(run: Path, metric: str = "train/loss") -> list[int]:
+    """The steps at which a run logged ``metric``, its CSV segments joined as the report reads them."""
+    return [int(r["step"]) for r in read_run_rows(run) if r.get(metric)]
 
 
 def load_ckpt(path: Path) -> dict:
@@ -146,12 +148,12 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(model, tmp_path, tiny
     killed = start(tmp_path / "killed", args, cache_dir)
     run = tmp_path / "killed"
     # Kill between checkpoints: a few steps after step 20's, so the resume re-does logged steps.
-    wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 24, killed, "step 24")
+    wait_until(lambda: max(logged_steps(run), default=-1) >= 24, killed, "step 24")
     killed.send_signal(signal.SIGKILL)
     assert finish(killed).returncode == -signal.SIGKILL  # really killed: no handler ran
     resume_step = load_ckpt(run / "checkpoints" / "last.ckpt")["global_step"]
     assert 20 <= resume_step < STEPS
-    assert resume_step - 1 in logged_steps(run / "csv" / "metrics.csv"), (
+    assert resume_step - 1 in logged_steps(run), (
         "killed inside the instant between a checkpoint and its step's log row (see docs/RELIABILITY.md)"
     )
 
@@ -161,9 +163,9 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(model, tmp_path, tiny
     assert done.returncode == 0, done.stderr[-3000:]
 
     assert not (tmp_path / "resumed" / "checkpoints").exists()  # it continued the killed run's directory
-    straight_rows = read_rows(tmp_path / "straight" / "csv" / "metrics.csv")
-    assert logged_steps(tmp_path / "straight" / "csv" / "metrics.csv") == list(range(STEPS))
-    assert_same_series(read_rows(run / "csv" / "metrics.csv"), straight_rows)
+    straight_rows = read_run_rows(tmp_path / "straight")
+    assert logged_steps(tmp_path / "straight") == list(range(STEPS))
+    assert_same_series(read_run_rows(run), straight_rows)
     a, b = load_ckpt(run / "checkpoints" / "last.ckpt"), load_ckpt(tmp_path / "straight" / "checkpoints" / "last.ckpt")
     assert a["global_step"] == b["global_step"] == STEPS
     for name, tensor in b["state_dict"].items():
@@ -180,7 +182,7 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(model, tmp_path, tiny
 def test_interrupt_saves_last_ckpt_at_the_interrupted_step(sig, exit_code, tmp_path, tiny_corpus, cache_dir):
     run = tmp_path / "run"
     proc = start(run, [*corpus_args(tiny_corpus), *RUN, "trainer.max_steps=5000"], cache_dir)
-    wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 14, proc, "step 14")
+    wait_until(lambda: max(logged_steps(run), default=-1) >= 14, proc, "step 14")
     proc.send_signal(sig)
     result = finish(proc, timeout=120)
     assert result.returncode == exit_code, result.stderr[-3000:]
@@ -223,7 +225,7 @@ def test_nan_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, ti
     last = load_ckpt(ckpts / "last.ckpt")
     assert last["global_step"] == 4  # not overwritten at or after the NaN step
     assert all(torch.isfinite(t).all() for t in last["state_dict"].values())
-    assert logged_steps(tmp_path / "run" / "csv" / "metrics.csv") == [0, 1, 2, 3, 4]
+    assert logged_steps(tmp_path / "run") == [0, 1, 2, 3, 4]
     assert not temp_files(tmp_path)
 
 
@@ -479,8 +481,8 @@ def _ddp_run(tmp_path, tiny_corpus, cache_dir, extra: list[str]) -> tuple[subpro
 def _assert_one_clean_ddp_run(result, run: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Starting with 2 processes" in result.stderr
-    assert logged_steps(run / "csv" / "metrics.csv") == list(range(8))  # each step once: rank 1 logs nothing
-    assert len(logged_steps(run / "csv" / "metrics.csv", "val/loss")) == 2
+    assert logged_steps(run) == list(range(8))  # each step once: rank 1 logs nothing
+    assert len(logged_steps(run, "val/loss")) == 2
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step000004.ckpt", "step000008.ckpt"]
     assert load_ckpt(run / "checkpoints" / "last.ckpt")["global_step"] == 8
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1  # one W&B run, from rank 0
@@ -495,8 +497,8 @@ def test_ddp_two_cpu_processes_train_one_run_with_the_default_callbacks(tmp_path
     result, run = _ddp_run(tmp_path, tiny_corpus, cache_dir, [])
     _assert_one_clean_ddp_run(result, run, tmp_path)
     # Geometry is measured on rank 0 only: one row at initialisation and one at the end, no duplicates.
-    assert logged_steps(run / "csv" / "metrics.csv", "geometry/abs_cos_mean")[0] == 0
-    geometry_steps = logged_steps(run / "csv" / "metrics.csv", "geometry/abs_cos_mean")
+    assert logged_steps(run, "geometry/abs_cos_mean")[0] == 0
+    geometry_steps = logged_steps(run, "geometry/abs_cos_mean")
     assert len(geometry_steps) == len(set(geometry_steps))
 
 
@@ -545,6 +547,7 @@ def test_training_saves_through_the_atomic_checkpoint_io(tmp_path, tiny_corpus, 
 @pytest.mark.parametrize("pe", PE_TYPES)
 def test_every_pe_and_attention_trains_a_step_in_each_cpu_precision(pe, attention, precision, tmp_path):
     import lightning as L
+    from hydra.utils import instantiate
     from torch.utils.data import DataLoader
 
     from pe_geometry.training.task import LanguageModelTask
@@ -556,7 +559,7 @@ def test_every_pe_and_attention_trains_a_step_in_each_cpu_precision(pe, attentio
     blocks = torch.randint(2, 50, (8, 17), generator=torch.Generator().manual_seed(0))
     trainer = L.Trainer(accelerator="cpu", precision=precision, max_steps=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(LanguageModelTask(model, warmup_steps=1, max_steps=1), DataLoader(blocks, batch_size=4))
+    trainer.fit(LanguageModelTask(model, instantiate(cfg.optimizer, warmup_steps=1), max_steps=1), DataLoader(blocks, batch_size=4))
     assert trainer.global_step == 1
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v.float(), before[k])]
     assert changed and all(torch.isfinite(v.float()).all() for v in model.state_dict().values())
@@ -609,9 +612,9 @@ def test_resume_from_an_older_checkpoint_continues_last_ckpt_itself(tmp_path, ti
 
 # -- 9. metrics.csv: crash-safe rewrites, final rows kept -----------------------------------------------
 def test_a_crash_during_the_csv_rewrite_leaves_the_previous_complete_file(tmp_path, monkeypatch):
-    from pe_geometry.training.callbacks import _ResumingWriter
+    from pe_geometry.training.callbacks import _CrashSafeMetricsWriter
 
-    writer = _ResumingWriter(str(tmp_path), resume_step=None)
+    writer = _CrashSafeMetricsWriter(str(tmp_path))
     for step in range(5):
         writer.log_metrics({"train/loss": 1.0 / (step + 1)}, step=step)
     writer.save()
@@ -633,11 +636,11 @@ def test_a_crash_during_the_csv_rewrite_leaves_the_previous_complete_file(tmp_pa
 
 
 def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
-    from pe_geometry.training.callbacks import _ResumingWriter
-
-    (tmp_path / "metrics.csv").write_text("step,train/loss\n0,1.0\n1,0.9\n2,0.")
-    _ResumingWriter(str(tmp_path), resume_step=5)
-    assert read_rows(tmp_path / "metrics.csv") == [{"step": "0", "train/loss": "1.0"}, {"step": "1", "train/loss": "0.9"}]
+    (tmp_path / "csv" / "resume-step5").mkdir(parents=True)
+    (tmp_path / "csv" / "metrics.csv").write_text("step,train/loss\n0,1.0\n1,0.9\n2,0.")  # killed mid-append
+    (tmp_path / "csv" / "resume-step5" / "metrics.csv").write_text("step,train/loss\n5,0.5\n")
+    assert read_run_rows(tmp_path) == [{"step": "0", "train/loss": "1.0"}, {"step": "1", "train/loss": "0.9"},
+                                       {"step": "5", "train/loss": "0.5"}]
 
 
 @pytest.mark.skipif(not HAS_GEOMETRY, reason="no geometry callback configured")
@@ -645,11 +648,11 @@ def test_rerunning_the_resume_of_a_finished_run_keeps_its_final_rows(tmp_path, t
     args = ["trainer.max_steps=4", "trainer.val_check_interval=4", "callbacks.geometry.every_n_steps=2",
             "callbacks.geometry.measures=[input]"]
     train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, args))
-    metrics = tmp_path / "run" / "csv" / "metrics.csv"
-    finished = read_rows(metrics)
-    assert logged_steps(metrics, "geometry/abs_cos_mean")[-1] == 4
-    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*args, f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]))
-    assert read_rows(metrics) == finished
+    run = tmp_path / "run"
+    finished = read_run_rows(run)
+    assert logged_steps(run, "geometry/abs_cos_mean")[-1] == 4
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*args, f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"]))
+    assert read_run_rows(run) == finished
 
 
 # -- 10. Ctrl-C / SIGTERM resume as exactly as kill -9 --------------------------------------------------
@@ -662,7 +665,7 @@ def test_interrupt_then_resume_matches_the_uninterrupted_run(sig, tmp_path, tiny
     straight = start(tmp_path / "straight", args, cache_dir)
     run = tmp_path / "stopped"
     stopped = start(run, args, cache_dir)
-    wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 24, stopped, "step 24")
+    wait_until(lambda: max(logged_steps(run), default=-1) >= 24, stopped, "step 24")
     stopped.send_signal(sig)
     assert finish(stopped, timeout=120).returncode == 128 + sig
     last = load_ckpt(run / "checkpoints" / "last.ckpt")
@@ -675,7 +678,7 @@ def test_interrupt_then_resume_matches_the_uninterrupted_run(sig, tmp_path, tiny
     resumed = finish(start(tmp_path / "resumed", [*args, f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], cache_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert finish(straight).returncode == 0
-    assert_same_series(read_rows(run / "csv" / "metrics.csv"), read_rows(tmp_path / "straight" / "csv" / "metrics.csv"))
+    assert_same_series(read_run_rows(run), read_run_rows(tmp_path / "straight"))
     a, b = load_ckpt(run / "checkpoints" / "last.ckpt"), load_ckpt(tmp_path / "straight" / "checkpoints" / "last.ckpt")
     for name, tensor in b["state_dict"].items():
         assert torch.equal(a["state_dict"][name], tensor), f"{name} differs after the resume"
@@ -747,7 +750,7 @@ def test_sigterm_under_ddp_saves_once_and_every_rank_exits_143(target, tmp_path,
     run = tmp_path / "run"
     args = [*corpus_args(tiny_corpus), *RUN, "trainer=ddp", "trainer.max_steps=5000", *(["~callbacks.geometry"] if HAS_GEOMETRY else [])]
     proc = start(run, args, cache_dir)
-    wait_until(lambda: max(logged_steps(run / "csv" / "metrics.csv"), default=-1) >= 14, proc, "step 14")
+    wait_until(lambda: max(logged_steps(run), default=-1) >= 14, proc, "step 14")
     if target == "rank0":
         proc.send_signal(signal.SIGTERM)
     else:
@@ -790,7 +793,7 @@ def test_sigterm_during_the_final_validation_lets_the_run_finish_its_rows(tmp_pa
     cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["trainer.max_steps=4", "trainer.val_check_interval=4",
                                                                "trainer.limit_val_batches=3", *geometry])
     train(cfg)  # finishes: the signal came after the last step
-    metrics = tmp_path / "run" / "csv" / "metrics.csv"
+    metrics = tmp_path / "run"
     assert logged_steps(metrics, "val/loss") == [3]  # Lightning logs a validation at the step it follows
     if HAS_GEOMETRY:
         assert logged_steps(metrics, "geometry/abs_cos_mean")[-1] == 4

@@ -149,7 +149,7 @@ def test_extrapolation_rebuilds_the_trained_model_exactly(sweep):
 
 
 def _fake_pretrained(path):
-    """A MiniLM analysis JSON of the shape experiments/pretrained.py writes, from the real geometry functions."""
+    """A MiniLM analysis JSON of the shape pe-pretrained writes, from the real geometry functions."""
     g = torch.Generator().manual_seed(0)
     E, P = torch.randn(100, 24, generator=g), torch.randn(40, 24, generator=g)
     H, tokens = torch.randn(6, 10, 24, generator=g), torch.randint(20, (6, 10), generator=g)
@@ -174,7 +174,7 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
                  "--multipliers", *MULTIPLIERS, "--max-batches", "2"])
 
     for name in ("overview.png", "loss.png", "extrapolation.png", "input_abs_cos_mean.png", "input_overlap_k8.png",
-                 "hidden_position_probe_r2.png", "attn_pos_pos_share.png"):
+                 "hidden_position_r2.png", "attn_pos_pos_share.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
 
@@ -186,7 +186,8 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
     assert table[0].startswith("| PE type | init (step 0) | end (step 6) | chance | random |") and table[0].endswith("| n seeds |")
     assert [row.split("|")[1].strip() for row in table[2:]] == ["learned"]  # no input-level table for RoPE
     assert table[2].rstrip().endswith("| 2 |")
-    i = lines.index("### Position read off the hidden states (ridge probe)")
+    assert not (out / "hidden_position_probe_r2.png").exists()  # the 8-block probe is no longer logged
+    i = lines.index("### Position read off the hidden states (grouped-CV ridge probe, 128 blocks)")
     table = [line for line in lines[i:i + 14] if line.startswith("|")]
     assert [row.split("|")[1].strip() for row in table[2:]] == ["learned"] * 3 + ["rope"] * 3  # layers 0, 1, 2
     # validation loss and the length-extrapolation table: n/a for learned past its table, numbers for rope
@@ -306,3 +307,36 @@ def test_pretrained_table_gives_each_trained_group_its_own_chance(tmp_path):
     row = next(line for line in pretrained_section(data) if line.startswith("| abs_cos_mean |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[-6:] == ["0.1", "0.25", "0.2552", "0.1", "0.08", "0.5573"]  # init, end, own chance per group
+
+
+@pytest.mark.parametrize("attention,line", [
+    ({"positional_heads_all_terms": [0, 1], "shares": {"pos_pos": [0.1, 0.7]}},
+     "MiniLM block 0 attention: positional heads (share of every position-dependent term > 0.5): [0, 1] of 2."),
+    ({"positional_heads": [1], "shares": {"pos_pos": [0.1, 0.7]}},  # the committed results' analysis
+     "MiniLM block 0 attention: positional heads (position–position share > 0.5): [1] of 2."),
+])
+def test_pretrained_heads_line_reads_new_and_committed_analyses(attention, line, tmp_path):
+    from pe_geometry.analysis.report.markdown import ReportData, pretrained_section
+
+    pretrained = {"model": {"d_model": 384}, "seed_rows": {"geometry": {}}, "frequent_rows": {"geometry": {}}, "article": {},
+                  "attention_layer0": attention}
+    data = ReportData("src", "now", [], {}, {}, [], {}, [], pretrained, "from a test", None)
+    assert line in pretrained_section(data)
+
+
+def test_pretrained_hidden_table_puts_each_measure_beside_its_chance_or_null():
+    """The probe's reference is its null mean; committed analyses (the older probe) have a _chance instead."""
+    from pe_geometry.analysis.report.markdown import ReportData, pretrained_hidden_section
+
+    new = {"position_var_share": 0.3, "position_var_share_chance": 0.01, "position_r2": 0.95, "position_r2_null_mean": -0.02,
+           "position_r2_null_std": 0.01, "position_r2_z": 97.0, "position_r2_p": 0.0099}
+    old = {"position_probe_r2": 0.9, "position_probe_r2_chance": -0.1}
+    rows = {}
+    for name, layer in (("new", new), ("old", old)):
+        data = ReportData("src", "now", [], {}, {}, [], {}, [], {"hidden_states": [layer]}, "from a test", None)
+        table = [line for line in pretrained_hidden_section(data) if line.startswith("|")]
+        rows[name] = (table[0], table[2])
+    assert rows["new"][0] == ("| MiniLM block input | position_var_share | position_var_share chance / null mean | position_r2 "
+                              "| position_r2 chance / null mean |")
+    assert [c.strip() for c in rows["new"][1].strip("|").split("|")] == ["0", "0.3", "0.01", "0.95", "-0.02"]
+    assert [c.strip() for c in rows["old"][1].strip("|").split("|")] == ["0", "0.9", "-0.1"]

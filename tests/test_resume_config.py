@@ -4,7 +4,6 @@ command line sets it; contradictions (control arms included) refused before anyt
 from __future__ import annotations
 
 import copy
-import csv
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from pe_geometry.analysis.runs import read_run_rows
 from pe_geometry.training.pipeline import train
 from pe_geometry.training.run_config import choice_contradictions, overridden_keys, resumed_config
 from pe_geometry.training.run_folder import stage_resume
@@ -26,8 +26,7 @@ SIX_STEPS = ["trainer.max_steps=6", "trainer.val_check_interval=3", "callbacks.c
 
 
 def series(run: Path, column: str) -> dict[int, float]:
-    with open(run / "csv" / "metrics.csv", newline="") as f:
-        return {int(r["step"]): float(r[column]) for r in csv.DictReader(f) if r.get(column)}
+    return {int(r["step"]): float(r[column]) for r in read_run_rows(run) if r.get(column)}
 
 
 def test_the_printed_resume_command_alone_continues_the_run_as_configured(tmp_path, tiny_corpus, cache_dir):

@@ -1,5 +1,6 @@
-"""Ctrl-C and SIGTERM at awkward moments: during a validation that falls between the micro-batches of a
-gradient-accumulation step or off the checkpoint grid, and after the run has finished.
+"""Stop signals at awkward moments: Ctrl-C and SIGTERM during a validation that falls between the micro-batches
+of a gradient-accumulation step or off the checkpoint grid, and after the run has finished; a scheduler's
+time-limit warning (SIGUSR1, SIGUSR2) mid-step, also under SLURM, where Lightning would take SIGUSR1 for itself.
 
 The signals are real (``os.kill`` to this very process) but sent from inside a validation step, so
 they land at a known point of the loop without racing a subprocess. See docs/RELIABILITY.md.
@@ -17,10 +18,13 @@ import pytest
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from pe_geometry.analysis.runs import read_run_rows
+from pe_geometry.cli.train import report_stop
+from pe_geometry.training.interrupt import GracefulStop
 from pe_geometry.training.pipeline import train
 from pe_geometry.training.task import LanguageModelTask
 from tests.conftest import ROOT, TINY, tiny_train_config
-from tests.test_reliability import HAS_GEOMETRY, assert_same_series, corpus_args, finish, load_ckpt, logged_steps, read_rows, start
+from tests.test_reliability import HAS_GEOMETRY, assert_same_series, corpus_args, finish, load_ckpt, logged_steps, start
 
 # Geometry measures at the resume step, an extra row after an off-grid resume (see docs/RELIABILITY.md).
 NO_GEOMETRY = ["~callbacks.geometry"] if HAS_GEOMETRY else []
@@ -57,9 +61,8 @@ def stop_and_resume(tmp_path, tiny_corpus, cache_dir, monkeypatch, sig: int, at_
 
 def assert_resumed_as_straight(tmp_path) -> None:
     runs = {name: tmp_path / name / "run" for name in ("straight", "stopped")}
-    metrics = {name: run / "csv" / "metrics.csv" for name, run in runs.items()}
-    assert logged_steps(metrics["stopped"]) == logged_steps(metrics["straight"])
-    assert_same_series(read_rows(metrics["stopped"]), read_rows(metrics["straight"]))
+    assert logged_steps(runs["stopped"]) == logged_steps(runs["straight"])
+    assert_same_series(read_run_rows(runs["stopped"]), read_run_rows(runs["straight"]))
     a, b = (load_ckpt(run / "checkpoints" / "last.ckpt") for run in runs.values())
     assert a["global_step"] == b["global_step"]
     for name, tensor in b["state_dict"].items():
@@ -127,7 +130,85 @@ def test_a_signal_after_the_run_has_finished_still_exits_0(sig, when, tmp_path, 
         assert f"received {sig.name} after the run had finished: ignored" in (run / "train.log").read_text()
 
 
-# -- 4. every rank's and every device's random states travel with the checkpoint -------------------------
+# -- 4. a scheduler's warning before the time limit: SIGUSR1 (sbatch --signal), SIGUSR2 (submitit) -------------
+def signal_during_training(monkeypatch, sig: int, at_step: int) -> None:
+    """Send ``sig`` to this process from the first training batch run at ``global_step == at_step``."""
+    real_step = LanguageModelTask.training_step
+    sent = []
+
+    def training_step(self, block, batch_idx):
+        if self.global_step == at_step and not sent:
+            sent.append(sig)
+            os.kill(os.getpid(), sig)
+        return real_step(self, block, batch_idx)
+
+    monkeypatch.setattr(LanguageModelTask, "training_step", training_step)
+
+
+@pytest.fixture
+def handler_before_training():
+    """Stands in for the handler a signal has before training (Python's default would end the test session)."""
+    def unhandled(signum, frame):
+        raise AssertionError(f"{signal.Signals(signum).name} reached the handler it had before training")
+
+    previous = {sig: signal.signal(sig, unhandled) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+ACCUMULATING = ["trainer.max_steps=12", "trainer.accumulate_grad_batches=2", "callbacks.checkpoint.every_n_train_steps=5",
+                *NO_GEOMETRY]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2], ids=lambda sig: sig.name)
+def test_a_time_limit_warning_stops_after_the_step_with_a_checkpoint_and_the_resume_command(
+        sig, tmp_path, tiny_corpus, cache_dir, monkeypatch, capsys, handler_before_training):
+    """Before: nothing handled it (configs/hydra/launcher/slurm.yaml asks for it 120 s before the limit), so the job
+    died by it or at the limit with only the last periodic checkpoint. Sent in the first micro-batch of step 4."""
+    signal_during_training(monkeypatch, sig, at_step=3)
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, ACCUMULATING)
+    with pytest.raises(SIGTERMException):
+        train(cfg)
+    run = tmp_path / "run"
+    saved = load_ckpt(run / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == 4 and saved["TextDataModule"] == {"epoch": 0, "batches": 8}  # the whole step, no more
+    assert report_stop(cfg) == 128 + sig  # train.py's exit code
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: stopped by {sig.name}; resume with ckpt_path={run}/checkpoints/last.ckpt"
+
+
+SLURM_JOB = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+             "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}
+
+
+def test_under_slurm_sigusr1_stops_the_run_instead_of_lightnings_auto_requeue(tmp_path, tiny_corpus, cache_dir, monkeypatch):
+    """Lightning's SLURM auto-requeue takes SIGUSR1 when fit starts: it saves hpc_ckpt_1.ckpt inside the signal handler,
+    mid-step (a resume from it is a batch off), and runs ``scontrol requeue``, which reruns the original command: a new
+    run from step 0. Here SIGUSR1 stops the run as anywhere else, and Lightning never installs its handler."""
+    from lightning.pytorch.trainer.connectors import signal_connector
+
+    for key, value in SLURM_JOB.items():
+        monkeypatch.setenv(key, value)
+    requeued = []
+    monkeypatch.setattr(signal_connector, "call", lambda cmd, **kwargs: requeued.append(cmd) or 0)
+    before, installed = signal.getsignal(signal.SIGUSR1), []
+    real_start = GracefulStop.on_train_start
+
+    def on_train_start(self, trainer, pl_module):
+        installed.append(signal.getsignal(signal.SIGUSR1))  # what Lightning's signal setup left
+        real_start(self, trainer, pl_module)
+
+    monkeypatch.setattr(GracefulStop, "on_train_start", on_train_start)
+    signal_during_training(monkeypatch, signal.SIGUSR1, at_step=3)
+    with pytest.raises(SIGTERMException):
+        train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, ACCUMULATING))
+    run = tmp_path / "run"
+    assert installed == [before]
+    assert not requeued and not list(run.rglob("hpc_ckpt_*.ckpt"))
+    assert load_ckpt(run / "checkpoints" / "last.ckpt")["global_step"] == 4
+
+
+# -- 5. every rank's and every device's random states travel with the checkpoint -------------------------
 def fake_cuda(monkeypatch, states: list[torch.Tensor]) -> list:
     """Two "GPUs" whose generator states are ``states``; returns the list that set_rng_state_all calls fill."""
     restored = []
@@ -204,14 +285,14 @@ def test_ddp_ranks_draw_their_own_masks_and_a_resume_restores_each_ranks_stream(
             "callbacks.checkpoint.every_n_train_steps=3", *NO_GEOMETRY]
     result = finish(start(run, args, cache_dir), timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
-    straight_rows, straight = read_rows(run / "csv" / "metrics.csv"), load_ckpt(run / "checkpoints" / "last.ckpt")
+    straight_rows, straight = read_run_rows(run), load_ckpt(run / "checkpoints" / "last.ckpt")
     per_rank = load_ckpt(run / "checkpoints" / "step000003.ckpt")["rng_states_per_rank"]
     assert len(per_rank) == 2 and not torch.equal(per_rank[0]["torch"], per_rank[1]["torch"])
 
     resumed = finish(start(tmp_path / "resume", [*args, f"ckpt_path={run / 'checkpoints' / 'step000003.ckpt'}"], cache_dir),
                      timeout=150)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_series(read_rows(run / "csv" / "metrics.csv"), straight_rows)
+    assert_same_series(read_run_rows(run), straight_rows)
     last = load_ckpt(run / "checkpoints" / "last.ckpt")
     assert last["global_step"] == straight["global_step"] == 6
     for name, tensor in straight["state_dict"].items():

@@ -31,7 +31,7 @@ from pe_geometry.data import cache as data_cache
 from pe_geometry.data.cache import StorageError
 from pe_geometry.data.corpus import TextFilesCorpus
 from pe_geometry.data.datamodule import TextDataModule
-from pe_geometry.training.callbacks import AtomicCheckpointIO, _ResumingWriter
+from pe_geometry.training.callbacks import AtomicCheckpointIO, _CrashSafeMetricsWriter
 from pe_geometry.training.pipeline import check_writable, train
 from pe_geometry.training.storage import quiet_log_file_errors, storage_failure
 from pe_geometry.training.validate import ConfigError
@@ -121,7 +121,7 @@ def test_a_full_disk_while_training_is_one_line_naming_the_file_and_the_last_com
 # -- metrics.csv ---------------------------------------------------------------------------------
 def test_a_full_disk_while_writing_metrics_leaves_no_partial_row_and_the_rows_are_kept(tmp_path, monkeypatch):
     csv_path = tmp_path / "metrics.csv"
-    writer = _ResumingWriter(str(tmp_path), resume_step=None)
+    writer = _CrashSafeMetricsWriter(str(tmp_path))
     for step in range(3):
         writer.log_metrics({"train/loss": 1.0 / (step + 1)}, step=step)
     writer.save()

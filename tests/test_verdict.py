@@ -35,7 +35,7 @@ def test_readings_in_plain_words():
 
 
 def test_verdict_script_puts_several_reports_in_one_table(tmp_path, capsys):
-    """experiments/verdict.py reads each report's summary.json; rows keep the report's name and the arm."""
+    """pe-verdict reads each report's summary.json; rows keep the report's name and the arm."""
     import json
 
     from pe_geometry.cli.verdict import main

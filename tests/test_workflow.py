@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pe_geometry.analysis.runs import read_run_rows
 from pe_geometry.training.pipeline import train
 from pe_geometry.training.run_config import contradictions, is_fixed_on_resume, overridden_keys
 from pe_geometry.training.validate import ConfigError
@@ -119,7 +120,7 @@ def test_a_matching_resume_continues_the_same_curves(tmp_path, tiny_corpus, cach
     train(resumed)
 
     def losses(run):
-        return {int(r["step"]): float(r["train/loss"]) for r in read_csv(run / "csv" / "metrics.csv") if r["train/loss"]}
+        return {int(r["step"]): float(r["train/loss"]) for r in read_run_rows(run) if r["train/loss"]}
 
     a, b = losses(tmp_path / "a" / "run"), losses(tmp_path / "b" / "run")
     assert sorted(a) == sorted(b) == list(range(6))
@@ -182,7 +183,7 @@ def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tin
     # the log lines of a run whose stdout is not a terminal, and the end-of-run summary
     output = result.stdout + result.stderr
     assert "step 2/2 | train/loss" in output and "tokens/s | ETA" in output
-    assert "final val/loss" in output and "wandb sync" in output and "experiments/report.py" in output
+    assert "final val/loss" in output and "wandb sync" in output and "report:     pe-report" in output
 
 
 @pytest.mark.slow  # runs train.py in a subprocess and interrupts it
@@ -207,7 +208,7 @@ def test_ctrl_c_prints_the_resume_override(tmp_path, tiny_corpus):
     assert (run / "checkpoints" / "last.ckpt").is_file()
 
 
-# -- names and the closing summary (no training) --------------------------------------------------
+# -- run names (no training) ---------------------------------------------------------------------
 def test_run_folder_names_say_what_ran_and_can_be_passed_back_as_ckpt_path():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -231,19 +232,3 @@ def test_control_arms_get_their_own_run_names():
                      "mixed_init": "decoder-learned-mixed_init-s1"}
     assert compose_train_config(["pe=rope"]).run_name == "decoder-rope-s0"  # no control arm: the name as before
     assert compose_train_config(["control=learned_baseline"]).run_name == "decoder-learned-s0"
-
-
-def test_summary_names_loss_geometry_against_chance_and_the_next_commands(tmp_path):
-    from pe_geometry.training.summary import run_summary
-
-    (tmp_path / "csv").mkdir()
-    (tmp_path / "csv" / "metrics.csv").write_text("step\n")
-    records = {0: {"geometry/overlap_k8": 0.31, "geometry/overlap_k8_chance": 0.25},
-               40: {"geometry/overlap_k8": 0.12, "geometry/overlap_k8_chance": 0.25}}
-    text = run_summary({"val/loss": math.log(100.0)}, records, tmp_path, [[tmp_path / "wandb" / "offline-run-x"]])
-    assert "final val/loss 4.6052  (perplexity 100.0)" in text
-    assert "step 0: 0.3100   step 40: 0.1200   chance 0.2500" in text
-    assert f"experiments/report.py {tmp_path}" in text and f"wandb sync {tmp_path}/wandb/offline-run-x" in text
-    records[40].update({"geometry/overlap_k8_null_mean": 0.25, "geometry/overlap_k8_null_std": 0.04, "geometry/overlap_k8_p": 0.0099})
-    text = run_summary({}, records, tmp_path, [])
-    assert "step 40: 0.1200   chance 0.2500   null 0.2500 ± 0.0400, p 0.010" in text  # the end value against its null

@@ -30,10 +30,20 @@ from typing import Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
-from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
-from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
+from pe_geometry.extras import stand_in
 from pe_geometry.training import sweep
+
+# Without the 'launchers' extra this module must still import: Hydra imports every hydra_plugins module on every
+# start. The classes below then derive from stand-ins that raise a one-line MissingExtraError when used.
+try:
+    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+except ModuleNotFoundError as err:
+    JoblibLauncher = stand_in(err, "launchers", "hydra/launcher=local_parallel").JoblibLauncher
+try:
+    from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+except ModuleNotFoundError as err:
+    submitit_launcher = stand_in(err, "launchers", "hydra/launcher=slurm")
 
 log = logging.getLogger(__name__)
 

@@ -29,14 +29,34 @@ import math
 import torch
 from torch import Tensor
 
-from pe_geometry.analysis.geometry import split_layernorm
-
 TERMS = ("word_word", "pos_pos", "word_pos", "pos_word", "word_bias", "pos_bias", "bias_bias")
 POSITIONAL_TERMS = ("pos_pos", "word_pos", "pos_word", "pos_bias")
 
 
 def _f64(x: Tensor) -> Tensor:
     return x.detach().to(torch.float64)
+
+
+def split_layernorm(
+    e: Tensor, p: Tensor, ln_weight: Tensor, ln_bias: Tensor | None = None, eps: float = 1e-5
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Split LN(e + p) into a word part e', a position part p' and a constant b'.
+
+    LN(x) = g * (x - mu(x)) / sigma(x) + b is not linear in x, but with sigma taken from
+    the sum x = e + p it splits exactly, because the mean is linear:
+        (x - mu(x)) / sigma = (e - mu(e)) / sigma + (p - mu(p)) / sigma.
+    So e' = g (e - mu(e)) / sigma, p' = g (p - mu(p)) / sigma, b' = b, and
+    e' + p' + b' == LN(e + p). Each part is centred and shares the sum's 1/sigma,
+    the standard convention for attributing through LayerNorm. e, p (..., D).
+    """
+    e, p = _f64(e), _f64(p)
+    x = e + p
+    sigma = (x.var(dim=-1, correction=0, keepdim=True) + eps).sqrt()
+    g = _f64(ln_weight)
+    e_part = g * (e - e.mean(dim=-1, keepdim=True)) / sigma
+    p_part = g * (p - p.mean(dim=-1, keepdim=True)) / sigma
+    b_part = (_f64(ln_bias) if ln_bias is not None else torch.zeros_like(g)).expand_as(x)
+    return e_part, p_part, b_part
 
 
 def attention_split(

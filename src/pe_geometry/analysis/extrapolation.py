@@ -1,12 +1,12 @@
 """Validation loss of a trained run on blocks longer than it was trained on (length extrapolation).
 
-The script: ``python experiments/extrapolation.py RUN [RUN ...]``.
+The script: ``pe-extrapolate RUN [RUN ...]``.
 
 For each multiplier m the same validation tokens (the start of the validation stream) are
 cut into blocks of m x seq_len (+1) tokens, exactly as the datamodule cuts seq_len blocks,
 so the losses of different lengths average over the same target tokens. The data and
-model are rebuilt from the run's resolved ``config.yaml`` as ``training.pipeline`` builds
-them, and the weights come from ``checkpoints/last.ckpt``. For a decoder at m = 1 with
+model are rebuilt from ``checkpoints/last.ckpt`` and the run's config by
+``training.run_loader.load_trained_run``, as training built them. For a decoder at m = 1 with
 ``max_batches`` equal to the run's ``trainer.limit_val_batches`` the loss is the run's last
 ``val/loss`` (an encoder's masks are drawn from a fixed seed here, so it differs slightly).
 
@@ -25,61 +25,20 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pe_geometry.model.transformer import EncoderDecoder, LanguageModel
-from pe_geometry.training.build import build_datamodule
-from pe_geometry.training.pipeline import build_model
+from pe_geometry.training.run_loader import load_trained_run
 
 log = logging.getLogger(__name__)
 OUTPUT_NAME = "length_extrapolation.json"
 NA = "n/a"
 MASK_SEED = 1234  # the encoder's masked positions are drawn from this seed: every run and length sees the same draw
-_DATAMODULES: dict[str, object] = {}  # one datamodule per data config within a process (a sweep shares one)
+_DATAMODULES: dict[str, object] = {}  # one datamodule per data config within a process (a sweep's runs share one)
 
 
 # ----------------------------------------------------------------------------- rebuild a run
 
 
-def load_run_config(run_dir: Path) -> DictConfig:
-    """The run's resolved config (``config.yaml``), with a relative cache dir made usable from anywhere."""
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} has no config.yaml (not a training run directory?)")
-    cfg = OmegaConf.load(path)
-    cache_dir = cfg.data.get("cache_dir")
-    if cache_dir is not None and not Path(cache_dir).is_absolute() and not Path(cache_dir).exists():
-        with open_dict(cfg):  # relative to where the run was started (hydra.job.chdir=false)
-            cfg.data.cache_dir = str(Path.cwd() / cache_dir)
-    return cfg
-
-
-def cached_datamodule(cfg: DictConfig):
-    """``training.build.build_datamodule``, cached per data config (a sweep's runs share one)."""
-    key = OmegaConf.to_yaml({k: v for k, v in cfg.data.items() if k not in ("seed", "batch_size", "num_workers")})
-    if key not in _DATAMODULES:
-        _DATAMODULES[key] = build_datamodule(cfg)
-    return _DATAMODULES[key]
-
-
-def load_trained_model(run_dir: str | Path, checkpoint: str = "last.ckpt") -> tuple[DictConfig, object, LanguageModel, int]:
-    """(config, datamodule, model in eval mode with the checkpoint's weights, global step)."""
-    run_dir = Path(run_dir)
-    cfg = load_run_config(run_dir)
-    datamodule = cached_datamodule(cfg)
-    info_path = run_dir / "run_info.json"
-    if info_path.is_file():
-        trained_vocab = json.loads(info_path.read_text()).get("vocab_size")
-        if trained_vocab is not None and trained_vocab != datamodule.vocab_size:
-            raise ValueError(f"{run_dir}: the rebuilt tokenizer has {datamodule.vocab_size} tokens, the run had {trained_vocab}")
-    model = build_model(cfg, datamodule)
-    ckpt_path = run_dir / "checkpoints" / checkpoint
-    if not ckpt_path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no checkpoint {ckpt_path}")
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items() if k.startswith("model.")}
-    model.load_state_dict(weights)
-    return cfg, datamodule, model.eval(), int(state.get("global_step", -1))
 
 
 # ----------------------------------------------------------------------------- per-token losses
@@ -137,7 +96,8 @@ def evaluate_lengths(
     multipliers = sorted({int(m) for m in multipliers})
     if not multipliers or multipliers[0] < 1:
         raise ValueError(f"multipliers must be positive integers, got {multipliers}")
-    cfg, datamodule, model, step = load_trained_model(run_dir)
+    run = load_trained_run(run_dir, datamodules=_DATAMODULES)
+    cfg, datamodule, model, step = run.config, run.datamodule, run.model, run.step
     seq_len, batch_size = int(cfg.data.seq_len), int(cfg.data.batch_size)
     stream = torch.from_numpy(datamodule.streams["validation"].astype(np.int64))
     unit = math.lcm(*multipliers) * seq_len
@@ -148,7 +108,7 @@ def evaluate_lengths(
         n_tokens = (available // unit) * unit or (available // (multipliers[-1] * seq_len)) * multipliers[-1] * seq_len
     limit = position_limit(model)
     train_len = trained_positions(model, seq_len)
-    choices = _choices(run_dir)
+    choices = run.choices or _choices(run_dir)
     result = {
         "run_dir": str(run_dir),
         "model": choices.get("model") or type(model).__name__,
@@ -212,7 +172,8 @@ def _nanmean(x: torch.Tensor) -> float:
 
 
 def _choices(run_dir: Path) -> dict:
-    """Hydra's runtime.choices of a run (group -> option), {} if the run has no .hydra/hydra.yaml."""
+    """Hydra's runtime.choices of a run (group -> option), {} if the run has no .hydra/hydra.yaml
+    (for checkpoints written before they recorded their group choices)."""
     path = run_dir / ".hydra" / "hydra.yaml"
     if not path.is_file():
         return {}

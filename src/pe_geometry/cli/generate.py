@@ -5,14 +5,14 @@
     pe-generate ckpt_path=... prompt="ROMEO:" temperature=0           # greedy
     pe-generate ckpt_path=<encoder run>/checkpoints/last.ckpt prompt="ROMEO: <mask> me, I pray"
 
-The model and its tokenizer are rebuilt from the checkpoint's own config (options in configs/generate.yaml).
+The model and its tokenizer are rebuilt from the checkpoint's own config by ``training.run_loader.load_trained_run``
+(options in configs/generate.yaml); a run folder works as ckpt_path too (its checkpoints/last.ckpt).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -25,39 +25,6 @@ CONFIG_PATH = CONFIG_DIR / "generate.yaml"
 
 class GenerateError(ValueError):
     """Bad input to generate.py: reported as one ``error:`` line."""
-
-
-def load_run_config(ckpt_path: Path, checkpoint: dict) -> DictConfig:
-    """The run's resolved config: stored in the checkpoint, else ``<run dir>/config.yaml`` beside ``checkpoints/``."""
-    if checkpoint.get("run_config") is not None:
-        return OmegaConf.create(checkpoint["run_config"])
-    config_file = ckpt_path.parent.parent / "config.yaml"
-    if not config_file.is_file():
-        raise GenerateError(f"ckpt_path={ckpt_path}: the checkpoint has no run_config and there is no {config_file}")
-    return OmegaConf.load(config_file)
-
-
-def load_checkpoint(ckpt_path: str | Path, device: str = "cpu"):
-    """Rebuild (model in eval mode, tokenizer, run config) from a train.py checkpoint."""
-    import torch
-
-    from pe_geometry.training.build import build_datamodule
-    from pe_geometry.training.pipeline import build_model
-
-    path = Path(ckpt_path).expanduser()
-    if not path.is_file():
-        raise GenerateError(f"ckpt_path={ckpt_path}: no checkpoint file there")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-        state = checkpoint["state_dict"]
-    except Exception as err:
-        raise GenerateError(f"ckpt_path={ckpt_path} is not a readable Lightning checkpoint ({type(err).__name__}: {err})") from None
-    cfg = load_run_config(path, checkpoint)
-    datamodule = build_datamodule(cfg)  # the tokenizer comes from the data cache the run used (rebuilt identically if missing)
-    model = build_model(cfg, datamodule)
-    prefix = "model."  # LanguageModelTask keeps the network as ``self.model``
-    model.load_state_dict({k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)})
-    return model.to(device).eval(), datamodule.tokenizer, cfg
 
 
 def check_options(cfg: DictConfig) -> None:
@@ -90,13 +57,15 @@ def run(cfg: DictConfig) -> list[str]:
     import torch
 
     from pe_geometry.model import EncoderMLM
-    from pe_geometry.model.sampling import fill_masks, generate
+    from pe_geometry.model.sampling import fill_masks, generate, prompt_ids
+    from pe_geometry.training.run_loader import load_trained_run
 
     check_options(cfg)
     device = pick_device(cfg.device)
-    model, tokenizer, _ = load_checkpoint(cfg.ckpt_path, device)
-    prompt = str(cfg.prompt).replace("\\n", "\n")
-    ids = tokenizer.encode(prompt).ids or [tokenizer.token_to_id("<eos>")]  # "" starts a new document
+    loaded = load_trained_run(cfg.ckpt_path, device)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    text = str(cfg.prompt).replace("\\n", "\n")
+    ids = prompt_ids(model, tokenizer.encode(text).ids, tokenizer.token_to_id("<eos>"))
     batch = torch.tensor([ids] * cfg.num_samples, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     sampling = {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "generator": generator}

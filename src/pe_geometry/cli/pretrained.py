@@ -57,11 +57,10 @@ def print_report(r: dict) -> None:
         print("    head " + "".join(f"{name:>11}" for name in a["shares"]))
         for h in range(len(a["shares"]["pos_pos"])):
             print(f"    {h:>4} " + "".join(f"{a['shares'][name][h]:>11.3f}" for name in a["shares"]))
-        print(f"  positional heads (pos_pos share > 0.5): {a['positional_heads']}; "
-              f"counting every position-dependent term: {a.get('positional_heads_all_terms')}")
+        print(f"  positional heads (share of every position-dependent term > 0.5): {a['positional_heads_all_terms']}")
         print("\n== Position in hidden states, any PE type (index i = block i input, 0 = embedding output; 32 windows x 62 tokens, "
               "[CLS]/[SEP] dropped)")
-        keys = list(r["hidden_states"][0])
+        keys = [k for k in r["hidden_states"][0] if not k.endswith(("_null_std", "_z"))]
         print("    index " + "".join(f"{k.replace('overlap_pos_tok_', 'ovl_').replace('position_', ''):>18}" for k in keys))
         for layer, rep in enumerate(r["hidden_states"]):
             print(f"    {layer:>5} " + "".join(f"{rep[k]:>18.4f}" for k in keys))
@@ -83,8 +82,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model-dir", type=Path, default=None, help="local BERT-family checkpoint folder")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     parser.add_argument("--n-frequent", type=int, default=1000, help="number of frequent tokens to measure")
+    parser.add_argument("--probe-permutations", type=int, default=100,
+                        help="null draws of the hidden-state position probe per layer (fewer: faster, coarser p-values)")
     args = parser.parse_args(argv)
-    results = analyse(args.model_dir, n_frequent=args.n_frequent)
+    results = analyse(args.model_dir, n_frequent=args.n_frequent, probe_permutations=args.probe_permutations)
     print_report(results)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,8 @@ def main(cfg: DictConfig) -> float | None:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from pe_geometry.data.corpus import CorpusError
-    from pe_geometry.training.interrupt import ignore_signals_once_finished, received_signal
+    from pe_geometry.extras import MissingExtraError
+    from pe_geometry.training.interrupt import ignore_signals_once_finished
     from pe_geometry.training.pipeline import resume_command, train
     from pe_geometry.training.storage import quiet_log_file_errors, storage_failure
     from pe_geometry.training.task import NonFiniteLossError
@@ -48,19 +49,13 @@ def main(cfg: DictConfig) -> float | None:
         metrics = train(cfg)
     except SIGTERMException:
         # GracefulStop saved last.ckpt between steps; Lightning raised this (a SystemExit with status 0).
-        # 128 + signal, so a scheduler does not take a pre-empted run for a finished one. A sweep stops too.
-        signum = received_signal() or signal.SIGTERM
-        name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
-        log.error("error: stopped by %s; exit code %d", name, 128 + signum)  # every rank's log
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one line on the terminal, however many DDP ranks
-            print(f"error: stopped by {name}; resume with {resume_command(cfg)}", file=sys.stderr)
-        sys.exit(128 + signum)
+        sys.exit(report_stop(cfg))  # a sweep stops too
     except KeyboardInterrupt:
         # a second Ctrl-C stops at once, without saving: the last checkpoint on disk is the one to resume from
         print(f"error: interrupted (Ctrl-C twice); resume from the last saved checkpoint with {resume_command(cfg)}", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
     except Exception as err:  # noqa: BLE001 - in a sweep every failure is reported, not only the expected ones
-        code = 1 if isinstance(err, NonFiniteLossError) else 2 if isinstance(err, (ConfigError, CorpusError)) else None
+        code = 1 if isinstance(err, NonFiniteLossError) else 2 if isinstance(err, (ConfigError, CorpusError, MissingExtraError)) else None
         if code is None and (disk := storage_failure(err, cfg)) is not None:
             err, code = disk, 2  # a full or read-only disk, however Lightning passed it on: one line naming the file
         if code is None:
@@ -84,6 +79,21 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: sweep {record_failed_job(err)}", file=sys.stderr)
         return None
     return metrics.get("val/loss")  # for Hydra sweepers that optimise a value
+
+
+def report_stop(cfg: DictConfig) -> int:
+    """After a stop signal ended the run (``training.interrupt``): say so in the log and, once, on the terminal,
+    with the command that resumes it. Returns the exit code, 128 + the signal (130 Ctrl-C, 143 SIGTERM,
+    138/140 SIGUSR1/SIGUSR2), so a scheduler does not take a stopped run for a finished one."""
+    from pe_geometry.training.interrupt import received_signal
+    from pe_geometry.training.pipeline import resume_command
+
+    signum = received_signal() or signal.SIGTERM  # (Lightning's own SIGTERM handler stops a run before training starts)
+    name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+    log.error("error: stopped by %s; exit code %d", name, 128 + signum)  # every rank's log
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # one line on the terminal, however many DDP ranks
+        print(f"error: stopped by {name}; resume with {resume_command(cfg)}", file=sys.stderr)
+    return 128 + signum
 
 
 # Hydra flags that answer without running the job, so without making a run folder
@@ -117,7 +127,9 @@ def unusable_run_dir(argv: list[str]) -> str | None:
 
 def run() -> None:
     """The console script ``pe-train`` (and ``python train.py`` in a checkout)."""
-    if problem := unusable_run_dir(sys.argv[1:]):
+    from pe_geometry.extras import missing_extra_for
+
+    if problem := unusable_run_dir(sys.argv[1:]) or missing_extra_for(sys.argv[1:]):
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     from pe_geometry.training.run_folder import stage_resume

@@ -3,10 +3,10 @@
 from pe_geometry.model.attention import ExplicitAttention, KVCache, MultiHeadAttention, SDPAttention
 from pe_geometry.model.embedding import TokenEmbedding
 from pe_geometry.model.positional import ALiBiPE, LearnedPE, NoPE, PositionalEncoding, RotaryPE, SinusoidalPE
-from pe_geometry.model.transformer import DecoderLM, EncoderDecoder, EncoderMLM, LanguageModel, mask_tokens
+from pe_geometry.model.transformer import DecoderLM, EncoderDecoder, EncoderMLM, LanguageModel, ModelConfig, mask_tokens
 
 __all__ = [
     "ALiBiPE", "DecoderLM", "EncoderDecoder", "EncoderMLM", "ExplicitAttention", "KVCache", "LanguageModel",
-    "LearnedPE", "MultiHeadAttention", "NoPE", "PositionalEncoding", "RotaryPE", "SDPAttention",
+    "LearnedPE", "ModelConfig", "MultiHeadAttention", "NoPE", "PositionalEncoding", "RotaryPE", "SDPAttention",
     "SinusoidalPE", "TokenEmbedding", "mask_tokens",
 ]

@@ -5,11 +5,14 @@
   whole sequence each step; both give the same logits).
 - ``fill_masks``: fill-in-the-blank for the masked-LM ``EncoderMLM``.
 - ``next_token``: greedy (``temperature=0``) or sampled with temperature, top-k and top-p.
+- ``prompt_ids``: what a model is given for a text prompt (generate.py and the end-of-training sample alike).
 
 Every random draw goes through an explicit ``torch.Generator``, so a seed fixes the text.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -54,6 +57,19 @@ def next_token(
         return logits.argmax(dim=-1)
     logits = top_p_filter(top_k_filter(logits.float() / temperature, top_k), top_p)
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def prompt_ids(model: LanguageModel, text_ids: Sequence[int], eos_id: int) -> list[int]:
+    """The token ids a model reads for a prompt whose text encodes to ``text_ids``.
+
+    A decoder or an encoder-decoder continues the text as the start of a new document: ``eos_id`` first,
+    as every document follows an end-of-document token in training. That also gives the encoder-decoder
+    the two tokens ``generate`` needs (a source and a first decoder token) for any prompt, the empty one
+    and a one-token one included. A masked-LM encoder fills the blanks of the text as it is.
+    """
+    if isinstance(model, EncoderMLM):
+        return list(text_ids)
+    return [eos_id, *text_ids]
 
 
 def check_length(model: LanguageModel, n_positions: int) -> None:

@@ -1,9 +1,11 @@
 """Encoder, decoder and encoder-decoder Transformers assembled from swappable parts.
 
-Each model receives *factories* for its parts (Hydra builds them as partials):
-``embedding(vocab_size, d_model)``, ``pe(d_model, n_heads)`` and
-``attention(d_model, n_heads, pe)``. Each model also knows its own objective
-(``loss(block)`` on a (B, seq_len + 1) block of token ids), so it can be trained
+The three layouts share one ``ModelConfig``: the sizes and the *factories* for the parts (Hydra
+builds them as partials): ``embedding(vocab_size, d_model)``, ``pe(d_model, n_heads)`` and
+``attention(d_model, n_heads, pe)``. A layout takes the config's fields as keywords
+(``DecoderLM(vocab_size=50, d_model=32, pe=RotaryPE)``, which is what ``configs/model/*.yaml``
+instantiate) plus the settings only it has (``mask_prob``, ``src_fraction``). Each model also knows
+its own objective (``loss(block)`` on a (B, seq_len + 1) block of token ids), so it can be trained
 without Lightning.
 
 The decoder and the encoder-decoder take ``cache=KVCache()`` for incremental
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +47,36 @@ class MLP(nn.Module):
         return self.dropout(self.down(F.gelu(self.up(x))))
 
 
+@dataclass(frozen=True)
+class ModelConfig:
+    """What every layout shares: sizes, normalisation, and the factories of its parts.
+
+    ``n_layers`` counts the blocks of one stack (an encoder-decoder has that many on each side).
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 4
+    d_ff: int | None = None  # None: 4 * d_model
+    dropout: float = 0.0
+    norm: str = "pre"  # "pre" (GPT-2) or "post" (Vaswani et al.)
+    embedding: EmbeddingFactory = TokenEmbedding
+    pe: PEFactory = SinusoidalPE
+    attention: AttentionFactory = SDPAttention
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {self.norm!r}")
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP's hidden width: ``d_ff``, or 4 * d_model when it is None."""
+        return self.d_ff or 4 * self.d_model
+
+
 class Block(nn.Module):
     """Self-attention, optional cross-attention, MLP; each a residual sublayer.
 
@@ -50,26 +84,15 @@ class Block(nn.Module):
     ``norm="post"`` normalises after the residual sum, as in Vaswani et al.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        attention: AttentionFactory,
-        pe: PositionalEncoding,
-        dropout: float = 0.0,
-        norm: str = "pre",
-        cross_attention: bool = False,
-    ) -> None:
+    def __init__(self, config: ModelConfig, pe: PositionalEncoding, cross_attention: bool = False) -> None:
         super().__init__()
-        if norm not in ("pre", "post"):
-            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
-        self.norm = norm
-        self.attn = attention(d_model=d_model, n_heads=n_heads, pe=pe, dropout=dropout)
+        d_model, n_heads, dropout = config.d_model, config.n_heads, config.dropout
+        self.norm = config.norm
+        self.attn = config.attention(d_model=d_model, n_heads=n_heads, pe=pe, dropout=dropout)
         self.ln_attn = nn.LayerNorm(d_model)
-        self.cross_attn = attention(d_model=d_model, n_heads=n_heads, dropout=dropout) if cross_attention else None
+        self.cross_attn = config.attention(d_model=d_model, n_heads=n_heads, dropout=dropout) if cross_attention else None
         self.ln_cross = nn.LayerNorm(d_model) if cross_attention else None
-        self.mlp = MLP(d_model, d_ff, dropout)
+        self.mlp = MLP(d_model, config.mlp_width, dropout)
         self.ln_mlp = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
 
@@ -88,32 +111,16 @@ class Block(nn.Module):
 
 
 class Stack(nn.Module):
-    """Token embedding + positional input term, ``n_layers`` blocks, final norm (pre-LN only)."""
+    """Token embedding + positional input term, ``config.n_layers`` blocks, final norm (pre-LN only)."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        n_heads: int,
-        n_layers: int,
-        d_ff: int,
-        embedding: EmbeddingFactory,
-        pe: PEFactory,
-        attention: AttentionFactory,
-        dropout: float,
-        norm: str,
-        causal: bool,
-        cross_attention: bool = False,
-    ) -> None:
+    def __init__(self, config: ModelConfig, causal: bool, cross_attention: bool = False) -> None:
         super().__init__()
         self.causal = causal
-        self.embedding = embedding(vocab_size=vocab_size, d_model=d_model)
-        self.pe = pe(d_model=d_model, n_heads=n_heads)
-        self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            Block(d_model, n_heads, d_ff, attention, self.pe, dropout, norm, cross_attention) for _ in range(n_layers)
-        )
-        self.ln_final = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
+        self.embedding = config.embedding(vocab_size=config.vocab_size, d_model=config.d_model)
+        self.pe = config.pe(d_model=config.d_model, n_heads=config.n_heads)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, self.pe, cross_attention) for _ in range(config.n_layers))
+        self.ln_final = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def embed(self, idx: Tensor, start_pos: int = 0) -> Tensor:
         """What the first block reads: scaled token embedding plus the PE input term
@@ -146,22 +153,33 @@ class Stack(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    """Shared parts of the three layouts: weight init, output head, named weights."""
+    """Shared parts of the three layouts: weight init, output head, named weights.
+
+    A layout builds its stacks from ``self.config``, then calls ``_finish_init``.
+    """
 
     objective: str = ""
+    # The dataclass a layout's ``**settings`` keywords build; the config schema reads its fields as the
+    # layout's keys (``model.d_model``), so a misspelt key is refused before anything is built.
+    config_type: type = ModelConfig
 
-    def __init__(self, vocab_size: int, d_model: int, n_layers: int, tie_weights: bool) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
-        self.head = nn.Linear(d_model, vocab_size, bias=False)
-        self._tie = tie_weights
+        self.config = config
+        self.vocab_size, self.d_model = config.vocab_size, config.d_model
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+
+    @property
+    def n_layers(self) -> int:
+        """Residual blocks in the whole model (both stacks of an encoder-decoder)."""
+        return sum(len(m.blocks) for m in self.modules() if isinstance(m, Stack))
 
     def _finish_init(self) -> None:
         self.apply(self._init_weights)
         for name, param in self.named_parameters():  # GPT-2: shrink residual projections with depth
             if name.endswith(("o.weight", "down.weight")):
                 nn.init.normal_(param, std=INIT_STD / math.sqrt(2 * self.n_layers))
-        if self._tie:
+        if self.input_stack.embedding.tie_weights:
             self.head.weight = self.W_E
         for stack in self.modules():  # last: an encoding may start from the final E (see PositionalEncoding.finish_init)
             if isinstance(stack, Stack):
@@ -224,33 +242,18 @@ class LanguageModel(nn.Module):
         return losses.masked_fill(targets == IGNORE_INDEX, float("nan"))
 
 
-def _stack_args(d_model: int, n_heads: int, d_ff: int | None) -> tuple[int, int, int]:
-    if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-    return d_model, n_heads, d_ff or 4 * d_model
-
-
 class DecoderLM(LanguageModel):
     """Causal Transformer trained on next-token prediction (GPT)."""
 
     objective = "next-token"
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int = 128,
-        n_heads: int = 4,
-        n_layers: int = 4,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        norm: str = "pre",
-        embedding: EmbeddingFactory = TokenEmbedding,
-        pe: PEFactory = SinusoidalPE,
-        attention: AttentionFactory = SDPAttention,
-    ) -> None:
-        d_model, n_heads, d_ff = _stack_args(d_model, n_heads, d_ff)
-        stack = Stack(vocab_size, d_model, n_heads, n_layers, d_ff, embedding, pe, attention, dropout, norm, causal=True)
-        super().__init__(vocab_size, d_model, n_layers, stack.embedding.tie_weights)
+    def __init__(self, vocab_size: int, **settings: Any) -> None:
+        """``settings``: the other fields of ``ModelConfig`` (d_model, n_heads, n_layers, ..., pe, attention)."""
+        config = ModelConfig(vocab_size, **settings)
+        # the stack before the head: a learned position table draws its init when built, and this order keeps
+        # a seeded model the one it always was
+        stack = Stack(config, causal=True)
+        super().__init__(config)
         self.decoder = stack
         self._finish_init()
 
@@ -294,24 +297,11 @@ class EncoderMLM(LanguageModel):
 
     objective = "masked-lm"
 
-    def __init__(
-        self,
-        vocab_size: int,
-        mask_token_id: int,
-        d_model: int = 128,
-        n_heads: int = 4,
-        n_layers: int = 4,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        norm: str = "pre",
-        mask_prob: float = 0.15,
-        embedding: EmbeddingFactory = TokenEmbedding,
-        pe: PEFactory = SinusoidalPE,
-        attention: AttentionFactory = SDPAttention,
-    ) -> None:
-        d_model, n_heads, d_ff = _stack_args(d_model, n_heads, d_ff)
-        stack = Stack(vocab_size, d_model, n_heads, n_layers, d_ff, embedding, pe, attention, dropout, norm, causal=False)
-        super().__init__(vocab_size, d_model, n_layers, stack.embedding.tie_weights)
+    def __init__(self, vocab_size: int, mask_token_id: int, mask_prob: float = 0.15, **settings: Any) -> None:
+        """``settings``: the other fields of ``ModelConfig`` (d_model, n_heads, n_layers, ..., pe, attention)."""
+        config = ModelConfig(vocab_size, **settings)
+        stack = Stack(config, causal=False)
+        super().__init__(config)
         self.encoder = stack
         self.mask_token_id, self.mask_prob = mask_token_id, mask_prob
         self._finish_init()
@@ -339,30 +329,15 @@ class EncoderDecoder(LanguageModel):
 
     objective = "seq2seq"
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int = 128,
-        n_heads: int = 4,
-        n_layers: int = 2,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        norm: str = "pre",
-        src_fraction: float = 0.5,
-        embedding: EmbeddingFactory = TokenEmbedding,
-        pe: PEFactory = SinusoidalPE,
-        attention: AttentionFactory = SDPAttention,
-    ) -> None:
-        d_model, n_heads, d_ff = _stack_args(d_model, n_heads, d_ff)
+    def __init__(self, vocab_size: int, src_fraction: float = 0.5, **settings: Any) -> None:
+        """``settings``: the other fields of ``ModelConfig``; ``n_layers`` blocks on each side (2 unless given)."""
         if not 0.0 < src_fraction < 1.0:
             raise ValueError(f"src_fraction must be in (0, 1), got {src_fraction}")
-        encoder = Stack(vocab_size, d_model, n_heads, n_layers, d_ff, embedding, pe, attention, dropout, norm, causal=False)
-        super().__init__(vocab_size, d_model, 2 * n_layers, encoder.embedding.tie_weights)
+        config = ModelConfig(vocab_size, **{"n_layers": 2, **settings})
+        encoder = Stack(config, causal=False)
+        super().__init__(config)
         self.encoder = encoder
-        self.decoder = Stack(
-            vocab_size, d_model, n_heads, n_layers, d_ff, embedding, pe, attention, dropout, norm,
-            causal=True, cross_attention=True,
-        )
+        self.decoder = Stack(config, causal=True, cross_attention=True)
         self.decoder.embedding = self.encoder.embedding  # one vocabulary, one matrix
         self.src_fraction = src_fraction
         self._finish_init()

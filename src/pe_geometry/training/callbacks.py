@@ -1,4 +1,4 @@
-"""Lightning callbacks and loggers of the training loop itself (geometry recording lives in experiments/)."""
+"""Lightning callbacks and loggers of the training loop itself (geometry recording lives in analysis/)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import csv
 import io
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 # the same temp-file-then-rename writer as the token cache; a full or read-only disk raises StorageError naming the file
 from pe_geometry.data.cache import append_bytes, atomic_write_bytes, storage_errors
+from pe_geometry.training.metrics_csv import CSV_DIR, read_complete_rows, resume_folders, resume_segment, segment_files, superseded_segments
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ def remove_partial_writes(run_dir: Path) -> list[Path]:
     Call it on global rank 0 before training starts, when no write of this run is in flight.
     """
     removed = []
-    for folder in (run_dir, run_dir / "checkpoints", run_dir / "csv"):
+    for folder in (run_dir, run_dir / "checkpoints", run_dir / CSV_DIR, *resume_folders(run_dir).values()):
         for path in folder.glob(".*.tmp") if folder.is_dir() else ():
             path.unlink(missing_ok=True)
             removed.append(path)
@@ -62,9 +64,9 @@ class StepCheckpoint(ModelCheckpoint):
 
     - With ``every_n_train_steps`` set, Lightning only saves on those steps, so a run
       of 1000 steps checkpointed every 300 would end with step 900 as "last".
-    - Ctrl-C and SIGTERM (a scheduler pre-empting the job) save ``last.ckpt`` before
-      exiting (``training.interrupt.GracefulStop`` stops between steps). Any other error
-      (a NaN loss, say) keeps the last good checkpoint.
+    - A stop signal (Ctrl-C, a scheduler's SIGTERM, SIGUSR1/SIGUSR2 before a time limit) saves
+      ``last.ckpt`` before exiting (``training.interrupt.GracefulStop`` stops between steps). Any other
+      error (a NaN loss, say) keeps the last good checkpoint.
     Checkpoints are written by ``AtomicCheckpointIO``, so a kill during a save never
     leaves a truncated ``last.ckpt``.
     """
@@ -89,104 +91,90 @@ class StepCheckpoint(ModelCheckpoint):
             self._save_on_stop(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        # GracefulStop turns Ctrl-C and SIGTERM into this exception between steps, where step, data position and
+        # GracefulStop turns the stop signals into this exception between steps, where step, data position and
         # RNG agree. A bare KeyboardInterrupt (Ctrl-C twice) can come mid-step: saving then would resume one batch off.
         if isinstance(exception, SIGTERMException):
             self._save_on_stop(trainer)
 
     def _save_on_stop(self, trainer: L.Trainer) -> None:
-        if self.save_last and self._last_global_step_saved < trainer.global_step:
-            log.warning("interrupted at step %d: saving last.ckpt in %s", trainer.global_step, self.dirpath)
-        self._save_last_if_new(trainer)
+        if self._save_last_if_new(trainer):
+            log.warning("interrupted at step %d: saved last.ckpt in %s", trainer.global_step, self.dirpath)
 
-    def _save_last_if_new(self, trainer: L.Trainer) -> None:
-        if self.save_last and self._last_global_step_saved < trainer.global_step:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+    def _save_last_if_new(self, trainer: L.Trainer) -> bool:
+        """Save ``last.ckpt`` unless this step is saved already; True if it saved.
+
+        The one use of ModelCheckpoint's private API (checked against Lightning 2.6.0 and 2.6.6): its public
+        hooks save ``last.ckpt`` only beside a step checkpoint (or when none was saved at all), and its
+        ``save_on_exception`` saves on every exception (a NaN loss too), a step file besides.
+        """
+        if not self.save_last or self._last_global_step_saved >= trainer.global_step:
+            return False
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        return True
 
 
-class _ResumingWriter(ExperimentWriter):
-    """A crash-safe metrics.csv that keeps the rows of an interrupted run up to the resume step, then appends.
+class _CrashSafeMetricsWriter(ExperimentWriter):
+    """Lightning's CSV writer with its two writes made crash-safe, which plain ``CSVLogger`` (checked against
+    Lightning 2.6.0 and 2.6.6) is not:
 
-    - Crash-safe: Lightning rewrites the whole file in place when a new column appears (the first
-      ``val/loss``, say), and a kill during that rewrite leaves it empty. Here every rewrite goes to a
-      temporary file that is renamed over the old one, so a kill leaves the previous complete file;
-      plain appends add whole rows, and a row cut short by a kill is dropped when the file is read back.
-    - Resumable: Lightning's writer deletes an existing metrics.csv. On resume we keep the rows logged up
-      to and including the checkpoint's step, and drop any new row whose (step, metric names) is already
-      there, so the series has no gap and no duplicate, and re-running a finished run's resume keeps its
-      final rows.
+    - When a new column appears (the first ``val/loss``, say) Lightning rewrites metrics.csv in place: a kill
+      during that rewrite left it empty, and a full disk left it cut, its earlier rows lost. Here the new file
+      is written beside it and renamed over it (``atomic_write_bytes``): a kill or a full disk leaves the
+      previous complete file.
+    - Rows are appended whole or not at all (``append_bytes``): a full disk cuts a half row back off, so the
+      rows held back are written whole once there is room. A row cut short by a kill is left out on reading.
+
+    A write that fails raises ``StorageError`` naming the file. Only ``save`` differs from Lightning's; it uses
+    the writer's public ``metrics``, ``metrics_keys`` and ``metrics_file_path``.
     """
 
-    def __init__(self, log_dir: str, resume_step: int | None) -> None:
-        super().__init__(log_dir)  # (its check that deletes metrics.csv is replaced below)
-        kept, header = [], []
-        if resume_step is not None:
-            header, rows = read_complete_rows(Path(self.metrics_file_path))
-            kept = [row for row in rows if row.get("step") and int(row["step"]) <= resume_step]
-        self._seen = {self._row_key(row) for row in kept}
-        self.metrics_keys = sorted(header) if kept else []
-        if kept:
-            self._replace_file(kept)
-        elif os.path.isfile(self.metrics_file_path):
-            with storage_errors(Path(self.metrics_file_path)):
-                os.remove(self.metrics_file_path)  # a fresh run in a used directory starts a fresh series (Lightning's rule)
-
-    def _check_log_dir_exists(self) -> None:
-        """Lightning deletes an existing metrics.csv here; ``__init__`` decides what to keep instead."""
-
-    @staticmethod
-    def _row_key(row: dict) -> tuple:
-        return int(row["step"]), frozenset(k for k, v in row.items() if k != "step" and v not in ("", None))
-
-    def _replace_file(self, rows: list[dict]) -> None:
-        text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=self.metrics_keys)
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_bytes(Path(self.metrics_file_path), text.getvalue().encode())
-
     def save(self) -> None:
-        self.metrics = [m for m in self.metrics if self._row_key(m) not in self._seen]
         if not self.metrics:
             return
-        self._record_new_keys()
-        header, _ = read_complete_rows(Path(self.metrics_file_path), header_only=True)
-        if sorted(header) != self.metrics_keys:  # a new column (or no file yet): rewrite the whole file
-            _, old_rows = read_complete_rows(Path(self.metrics_file_path))
-            self._replace_file(old_rows + self.metrics)
+        path = Path(self.metrics_file_path)
+        self.metrics_keys = sorted(set(self.metrics_keys).union(*self.metrics))  # Lightning's column order: sorted
+        header, _ = read_complete_rows(path, header_only=True)
+        if header != self.metrics_keys:  # a new column, or no file yet: the whole file anew
+            _, rows = read_complete_rows(path)
+            atomic_write_bytes(path, self._csv(rows + self.metrics, header=True))
         else:
-            text = io.StringIO()
-            csv.DictWriter(text, fieldnames=self.metrics_keys).writerows(self.metrics)
-            append_bytes(Path(self.metrics_file_path), text.getvalue().encode())  # whole rows, or none on a full disk
+            append_bytes(path, self._csv(self.metrics, header=False))
         self.metrics = []
 
-
-def read_complete_rows(path: Path, header_only: bool = False) -> tuple[list[str], list[dict[str, str]]]:
-    """Header and rows of a metrics.csv, without a last line that a kill cut short (no newline at its end)."""
-    if not path.is_file():
-        return [], []
-    if header_only:
-        with open(path, newline="") as f:
-            return next(csv.reader(f), []), []
-    text = path.read_text()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    rows = list(reader)
-    return list(reader.fieldnames or []), rows
+    def _csv(self, rows: list[dict], header: bool) -> bytes:
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.metrics_keys)
+        if header:
+            writer.writeheader()
+        writer.writerows(rows)
+        return text.getvalue().encode()
 
 
 class ResumableCSVLogger(CSVLogger):
-    """CSVLogger whose metrics.csv continues across a resume (see ``_ResumingWriter``)."""
+    """Lightning's ``CSVLogger``, one metrics file per segment of a run (``training.metrics_csv``):
+    ``csv/metrics.csv`` as started, ``csv/resume-step<N>/metrics.csv`` for a resume from step N. The run
+    reader (``analysis.runs.read_run_rows``) joins them; the files are written by ``_CrashSafeMetricsWriter``.
 
-    def __init__(self, *args, resume_step: int | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._resume_step = resume_step
+    A resume of a run that had not written its first metrics file yet (killed before the first flush) writes
+    ``csv/metrics.csv``: it is then the first record of the run.
+    """
+
+    def __init__(self, save_dir: str, name: str = CSV_DIR, version: str = "", resume_step: int | None = None, **kwargs) -> None:
+        # (name and version as Lightning's: configs of older runs set them; the run reader reads csv/)
+        self._first_step = resume_step or 0
+        if resume_step is not None and segment_files(Path(save_dir)):
+            version = resume_segment(resume_step)
+        super().__init__(save_dir, name=name, version=version, **kwargs)
 
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None:
+            # Segments that start at or after this one's step are replaced whole: removed, so the segments left
+            # join in the order of their steps (after a resume from an earlier step, too).
+            for folder in superseded_segments(Path(self.save_dir), self._first_step):
+                with storage_errors(folder):
+                    shutil.rmtree(folder)
             os.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _ResumingWriter(log_dir=self.log_dir, resume_step=self._resume_step)
+            self._experiment = _CrashSafeMetricsWriter(log_dir=self.log_dir)
         return self._experiment

@@ -1,23 +1,35 @@
-"""Ctrl-C and SIGTERM stop a run between optimiser steps, on every rank at once, with a checkpoint that resumes exactly.
+"""Stop signals end a run between optimiser steps, on every rank at once, with a checkpoint that resumes exactly.
 
-Python raises ``KeyboardInterrupt`` wherever the main thread happens to be: in the middle of a
-step, after the datamodule has counted the batch as consumed but before the optimiser has
-stepped, so a checkpoint saved then resumes one batch off. Lightning's own SIGTERM handler
-broadcasts from inside the signal handler, which under DDP meets the other rank in the middle of
-a gradient all-reduce (a hang, or a gloo "connection reset").
+The stop signals: Ctrl-C (SIGINT), SIGTERM (a scheduler pre-empting the job) and SIGUSR1/SIGUSR2, which a
+scheduler sends some time before a job's time limit (``sbatch --signal=USR1@120``; submitit, behind
+``hydra/launcher=slurm``, asks SLURM for SIGUSR2 unless ``SUBMITIT_PREEMPT_SIGNAL`` names another).
 
-``GracefulStop`` replaces both handlers while training runs. A handler only records the signal.
-After each optimiser step every rank agrees on it (one all-reduce of one number under DDP) and,
-if any rank got one, all ask Lightning to stop: Lightning then raises ``SIGTERMException`` at the
-end of that step, after the step's validation, on every rank, and ``StepCheckpoint`` saves
-``last.ckpt`` once. Its step, the datamodule's data position and the RNG states then agree (a
-signal during a validation that falls between the micro-batches of a gradient-accumulation step
-waits for that step's end). A signal that arrives after the last step lets the run finish (its
-final validation and measurements included) and exit 0. A second Ctrl-C stops at once, without saving.
+``GracefulStop`` replaces their handlers while training runs. A handler only records the signal. After
+each optimiser step every rank agrees on it (one all-reduce of one number under DDP) and, if any rank got
+one, all raise Lightning's stop flag: Lightning then raises ``SIGTERMException`` at the end of that step,
+after the step's validation, on every rank, and ``StepCheckpoint`` saves ``last.ckpt`` once. Its step, the
+datamodule's data position and the RNG states then agree (a signal during a validation that falls between
+the micro-batches of a gradient-accumulation step waits for that step's end). A signal that arrives after
+the last step lets the run finish (its final validation and measurements included) and exit 0. A second
+Ctrl-C stops at once, without saving. ``cli/train.py`` exits with 128 + the signal and prints the resume command.
+
+Why not Lightning's own SIGTERM handling (checked against Lightning 2.6.0 and 2.6.6): its handler raises the
+stop flag at once, so Lightning stops after the current *micro-batch* (under gradient accumulation, a
+checkpoint one batch ahead of its step) or abandons a validation half-way (a row a resume never repeats);
+and under DDP it broadcasts from inside the signal handler, where it meets the other rank in the middle of a
+gradient all-reduce (a hang, or gloo's "connection reset"). Python's own ``KeyboardInterrupt`` strikes
+mid-step in the same way. What is Lightning's here: the stop flag and the ``SIGTERMException`` it raises at
+the end of a step, and its teardown, which puts back every handler replaced here.
+
+Under SLURM Lightning would also take SIGUSR1 for its auto-requeue: a checkpoint saved inside the signal
+handler, mid-step, as ``hpc_ckpt_<n>.ckpt`` (which a resume with ``ckpt_path`` does not know), then
+``scontrol requeue``, which reruns the original command: a new run from step 0. ``GracefulStop.setup`` turns
+that off (``SLURMEnvironment.auto_requeue``), so SIGUSR1 stops the run as SIGTERM does, with ``last.ckpt``
+and the printed resume command; requeueing is left to the user (``max_num_timeout: 0`` in the launcher).
 
 Once a run has finished (``ignore_signals_once_finished``, for a process that ends with its run),
-a signal during what is left (the summary, W&B's teardown, Python's exit) is logged and ignored:
-the process exits 0 rather than being killed with -2/-15, which would read as a failed run.
+a stop signal during what is left (the summary, W&B's teardown, Python's exit) is logged and ignored:
+the process exits 0 rather than being killed by it, which would read as a failed run.
 """
 
 from __future__ import annotations
@@ -29,23 +41,25 @@ from types import FrameType
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
 
 log = logging.getLogger(__name__)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGUSR1/2 do not exist on Windows
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
 _received: int | None = None  # the signal that stopped this process's run, for train.py's exit code
 _ignore_once_finished = False  # set by ignore_signals_once_finished
 
 
 def received_signal() -> int | None:
-    """The signal (``signal.SIGINT`` or ``signal.SIGTERM``) that stopped the last run in this process, else None."""
+    """The stop signal (one of ``STOP_SIGNALS``) that stopped the last run in this process, else None."""
     return _received
 
 
 def ignore_signals_once_finished() -> None:
-    """After this process's run has finished training, SIGINT and SIGTERM only log: the process still exits 0.
+    """After this process's run has finished training, the stop signals only log: the process still exits 0.
 
     For a process that ends with its run (``train.py``'s single run): the run's results are saved, and
-    a signal while W&B finishes or Python exits would otherwise kill it with -2/-15, a failure to a
+    a signal while W&B finishes or Python exits would otherwise kill it (-2, -15, -10, -12), a failure to a
     scheduler or a shell. Not for a sweep (a signal between its jobs must stop it) nor a notebook or
     test session (Ctrl-C must keep working there). ``GracefulStop.on_fit_end`` installs the handlers.
     """
@@ -57,6 +71,23 @@ def _log_finished(signum: int, frame: FrameType | None) -> None:
     log.warning("received %s after the run had finished: ignored, finishing normally", signal.Signals(signum).name)
 
 
+# -- the one place that touches Lightning's private state ---------------------------------------------------
+# Checked against Lightning 2.6.0 and 2.6.6 (pyproject.toml allows >=2.6,<2.7). There is no public way to ask
+# Lightning for its SIGTERM stop: ``trainer.received_sigterm`` is read-only, and ``trainer.should_stop`` ends the
+# run as finished, with a validation and final measurements at that step, rows the uninterrupted run has not.
+# Nor to reach a single-device run's cluster environment: ``trainer.strategy.cluster_environment`` exists for
+# DDP-like strategies only, while Lightning's signal setup reads the accelerator connector's.
+def _set_lightning_stop_flag(trainer: L.Trainer, stop: bool) -> None:
+    """While set, Lightning raises ``SIGTERMException`` at the end of the current training batch and after each
+    validation batch but the last (``trainer.received_sigterm`` reads it)."""
+    trainer._signal_connector.received_sigterm = stop
+
+
+def _cluster_environment(trainer: L.Trainer):
+    """The environment whose ``auto_requeue`` Lightning reads when it installs its signal handlers."""
+    return trainer._accelerator_connector.cluster_environment
+
+
 class GracefulStop(L.Callback):
     def __init__(self) -> None:
         self._pending: int | None = None  # a signal this process received, not yet acted on
@@ -65,6 +96,14 @@ class GracefulStop(L.Callback):
         self._at_step_end = True  # the last training batch completed an optimiser step (not a micro-batch)
 
     # -- the handlers ------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Lightning installs its handlers after the callbacks' setup: here it still reads this switch.
+        environment = _cluster_environment(trainer)
+        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+            environment.auto_requeue = False
+            log.info("SLURM: Lightning's auto-requeue is off; SIGUSR1/SIGUSR2 stop the run after the current step "
+                     "and save checkpoints/last.ckpt")
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         global _received
         _received, self._pending, self._stopping, self._last_step = None, None, False, trainer.global_step
@@ -104,11 +143,11 @@ class GracefulStop(L.Callback):
         # Lightning abandons a validation when it sees the stop flag; that row would then be lost for
         # good (a resume does not repeat it), so the flag waits until the validation has finished.
         if self._stopping:
-            trainer._signal_connector.received_sigterm = False
+            _set_lightning_stop_flag(trainer, False)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._stopping:
-            trainer._signal_connector.received_sigterm = True
+            _set_lightning_stop_flag(trainer, True)
         elif self._at_step_end and trainer.state.fn == "fit" and not trainer.sanity_checking:
             # A signal during validation: stop before the next step. Not when the validation fell between
             # the micro-batches of a step (val_check_interval counts batches): that step is finished first,
@@ -125,7 +164,7 @@ class GracefulStop(L.Callback):
             return
         _received, self._stopping = signum, True
         log.warning("interrupted at step %d by %s", trainer.global_step, signal.Signals(signum).name)
-        trainer._signal_connector.received_sigterm = True  # Lightning raises SIGTERMException at the step's end
+        _set_lightning_stop_flag(trainer, True)  # Lightning raises SIGTERMException at the step's end
 
     def _agreed_signal(self, trainer: L.Trainer) -> int:
         """The largest signal number any rank has received (0: none). A collective: every rank calls it at the same point."""

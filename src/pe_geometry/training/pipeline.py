@@ -24,13 +24,16 @@ from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
 from lightning.pytorch.utilities import rank_zero  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
+from pe_geometry.data.cache import atomic_write_text  # noqa: E402
+from pe_geometry.extras import without_unavailable_loggers  # noqa: E402
 from pe_geometry.training import wandb_run  # noqa: E402
 from pe_geometry.training.callbacks import AtomicCheckpointIO, remove_partial_writes  # noqa: E402
 from pe_geometry.training.interrupt import GracefulStop  # noqa: E402
 from pe_geometry.training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
 from pe_geometry.training.run_config import RunConfigInCheckpoint, apply_resume_config, saved_run_config  # noqa: E402
 from pe_geometry.training.run_folder import adopt_staged_output  # noqa: E402
-from pe_geometry.training.summary import geometry_records, run_summary  # noqa: E402
+from pe_geometry.training.run_loader import build_datamodule, build_model, read_checkpoint_file  # noqa: E402
+from pe_geometry.training.summary import run_summary  # noqa: E402
 from pe_geometry.training.task import LanguageModelTask  # noqa: E402
 from pe_geometry.training.validate import ConfigError, check_config  # noqa: E402
 
@@ -49,19 +52,6 @@ class _NoAdverts(logging.Filter):
 
 rank_zero.rank_zero_module.log.addFilter(_NoAdverts())
 PACKAGES = ("torch", "lightning", "hydra-core", "datasets", "tokenizers", "wandb", "numpy")
-
-
-def build_model(cfg: DictConfig, datamodule) -> torch.nn.Module:
-    """Instantiate the model from its group configs plus the facts only the data knows."""
-    facts = {"vocab_size": datamodule.vocab_size, "mask_token_id": datamodule.mask_token_id}
-    wanted = inspect.signature(get_class(cfg.model._target_)).parameters
-    return instantiate(
-        cfg.model,
-        pe=instantiate(cfg.pe),
-        embedding=instantiate(cfg.embedding),
-        attention=instantiate(cfg.attention),
-        **{k: v for k, v in facts.items() if k in wanted},
-    )
 
 
 def _instantiate_all(group: DictConfig | None, **extra) -> list:
@@ -93,12 +83,8 @@ def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | Non
     path = output_dir / "checkpoints" / "last.ckpt" if str(ckpt_path) == "last" else Path(to_absolute_path(str(ckpt_path))).expanduser()
     if not path.is_file():
         raise ConfigError(f"ckpt_path={ckpt_path}: no checkpoint file at {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        step = int(state["global_step"])
-        state["state_dict"], state["optimizer_states"]  # noqa: B018 - a Lightning checkpoint has both
-    except Exception as err:
-        raise ConfigError(f"ckpt_path={path} is not a readable Lightning checkpoint ({type(err).__name__}: {err})") from None
+    state = read_checkpoint_file(path, required=("global_step", "state_dict", "optimizer_states"))  # what a resume restores
+    step = int(state["global_step"])
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else output_dir
     return path, run_dir, step, state
 
@@ -125,7 +111,7 @@ def write_run_info(cfg: DictConfig, output_dir: Path, datamodule, model: torch.n
     if resume_step is not None:
         changed = {k: {"checkpoint": old, "now": new} for k, (old, new) in (resume_changes or {}).items()}
         text += "\n" + OmegaConf.to_yaml({"resume": {"step": resume_step, "changed": changed}})
-    (output_dir / f"config{suffix}.yaml").write_text(text)
+    atomic_write_text(output_dir / f"config{suffix}.yaml", text)
     versions = {}
     for name in PACKAGES:
         try:
@@ -140,7 +126,7 @@ def write_run_info(cfg: DictConfig, output_dir: Path, datamodule, model: torch.n
         "tokens": {split: datamodule.n_tokens(split) for split in datamodule.streams},
         "n_parameters": sum(p.numel() for p in model.parameters()),
     }
-    (output_dir / f"run_info{suffix}.json").write_text(json.dumps(info, indent=2))
+    atomic_write_text(output_dir / f"run_info{suffix}.json", json.dumps(info, indent=2))
 
 
 def check_writable(output_dir: Path) -> None:
@@ -199,7 +185,10 @@ def _hydra_task_overrides() -> tuple[list[str], dict]:
 def build_loggers(cfg: DictConfig, run_config: dict, output_dir: Path, resume_step: int | None, wandb_id: str | None,
                   choices: dict) -> list:
     loggers = []
-    for node in (cfg.logger or {}).values():
+    nodes, missing = without_unavailable_loggers(cfg.logger)  # logger=default without wandb: CSV only, said once
+    for line in missing:
+        log.warning(line)
+    for node in nodes.values():
         if node is None or "_target_" not in node:
             continue
         cls = get_class(node._target_)
@@ -279,16 +268,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "highest"))
 
-    datamodule = instantiate(cfg.data)
-    if not isinstance(datamodule, L.LightningDataModule):
-        raise ConfigError(f"data._target_={cfg.data._target_} did not build a LightningDataModule")
-    datamodule.prepare_data()
-    datamodule.setup("fit")
+    datamodule = build_datamodule(cfg)
     check_batch_fits(cfg, datamodule)
     model = build_model(cfg, datamodule)
     if cfg.compile:
         model.compile()
-    task = LanguageModelTask(model, max_steps=cfg.trainer.max_steps, **OmegaConf.to_container(cfg.optimizer, resolve=True))
+    task = LanguageModelTask(model, optimizer=instantiate(cfg.optimizer), max_steps=cfg.trainer.max_steps)
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
     run_choices = choices
@@ -315,13 +300,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 raise KeyboardInterrupt from None  # Lightning ends a Ctrl-C in sys.exit(1); say what it was
             raise
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        records = geometry_records(trainer.callbacks)
         if trainer.is_global_zero:
-            wandb_run.log_end_of_run(loggers, records)
+            wandb_run.log_end_of_run(loggers, trainer.callbacks)
             # every segment of a resumed run is its own offline folder with the same run id: upload them all
             wandb_dirs = [sorted(Path(lg.experiment.dir).parent.parent.glob(f"offline-run-*-{lg.version}"))
                           for lg in wandb_run.wandb_loggers(loggers)]
-            log.info("%s", run_summary(metrics, records, output_dir, wandb_dirs, start_dir=Path(to_absolute_path("."))))
+            log.info("%s", run_summary(metrics, trainer.callbacks, output_dir, wandb_dirs))
         exit_code = 0
     finally:
         wandb_run.finish(loggers, exit_code)  # the next job of a sweep (same process) must get its own run

@@ -19,7 +19,6 @@ import time
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from tqdm import tqdm
 
 log = logging.getLogger("train")
@@ -46,6 +45,7 @@ class StepProgress(ProgressBar):
         self._bar: tqdm | None = None
         self._start_time = 0.0
         self._start_step = 0
+        self._last_step = -1  # the global step at the last batch end: a micro-batch leaves it unchanged
 
     # Lightning's ProgressBar interface
     def disable(self) -> None:
@@ -62,14 +62,15 @@ class StepProgress(ProgressBar):
         if not (self._enabled and trainer.is_global_zero):
             return
         self._start_time, self._start_step = time.monotonic(), trainer.global_step
+        self._last_step = trainer.global_step
         self._tokens_per_step = self._tokens_per_optimiser_step(trainer)
         if not self.use_lines:
             self._bar = tqdm(total=trainer.max_steps, initial=trainer.global_step, unit="step", dynamic_ncols=True, file=sys.stdout)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
-        if not (self._enabled and trainer.is_global_zero):
-            return
-        step = trainer.global_step
+        if not (self._enabled and trainer.is_global_zero) or trainer.global_step == self._last_step:
+            return  # (a micro-batch of gradient accumulation: no optimiser step to report)
+        step = self._last_step = trainer.global_step
         metrics = trainer.callback_metrics
         train_loss, val_loss = metrics.get("train/loss"), metrics.get("val/loss")
         if self._bar is not None:
@@ -118,11 +119,21 @@ class ValidateAtEnd(L.Callback):
 
 
 class ParameterSummary(ModelSummary):
-    """Lightning's model summary without its FLOPs column and total: Lightning counts FLOPs only through
-    an ``example_input_array``, which the task has not, so they read 0 (``throughput/*`` logs the real rate)."""
+    """Lightning's model summary (``ModelSummary(max_depth=1)``) without its FLOPs column and total: Lightning
+    counts FLOPs only through an ``example_input_array``, which the task has not, so they read 0
+    (``throughput/*`` logs the real rate). The public callback has no switch for them; its ``summarize`` (the
+    method Lightning's own ``RichModelSummary`` overrides) gets the columns, and this one drops the FLOPs column."""
 
     @staticmethod
-    def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, **kwargs) -> None:
+    def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes, *args, **kwargs) -> None:
         columns = [column for column in summary_data if column[0] != "FLOPs"]
-        table = _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes, 0, *columns)
+        table = _lightning_summary_table(columns, total_parameters, trainable_parameters, model_size, total_training_modes)
         log.info("\n%s", "\n".join(line for line in table.splitlines() if not line.endswith("Total Flops")))
+
+
+def _lightning_summary_table(columns, total_parameters, trainable_parameters, model_size, total_training_modes) -> str:
+    """Lightning's own table layout. Its formatter is private: checked against Lightning 2.6.0 and 2.6.6, where it
+    takes (total, trainable, size in MB, {"train": n, "eval": n}, total FLOPs, *columns) and ends in a "Total Flops" line."""
+    from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+    return _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes, 0, *columns)

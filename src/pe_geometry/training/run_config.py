@@ -20,7 +20,7 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pe_geometry.configs import CONFIG_DIR as CONFIG_GROUPS_DIR
-from pe_geometry.configs import current_target  # noqa: E402
+from pe_geometry.configs import with_current_targets
 from pe_geometry.training.validate import ConfigError
 
 # Settings that define what is being trained: a resume takes them from the checkpoint.
@@ -295,13 +295,6 @@ def _still_derived(run: dict, current_raw: dict) -> list[str]:
     return derived
 
 
-def _current_targets(node: Any) -> Any:
-    """``node`` with every ``_target_`` spelled as this version does (``pe_geometry.configs.current_target``)."""
-    if isinstance(node, dict):
-        return {k: current_target(v) if k == "_target_" else _current_targets(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_current_targets(v) for v in node]
-    return node
 
 
 def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Iterable[str], ckpt_path: Path,
@@ -313,7 +306,7 @@ def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Itera
     Raises ConfigError listing every fixed key the overrides contradict, before ``cfg`` is touched.
     """
     run_dir = Path(run_dir if run_dir is not None else cfg.paths.output_dir)
-    saved = _current_targets(saved)  # a checkpoint from before the namespaced package names model.RotaryPE
+    saved = with_current_targets(saved)  # a checkpoint from before the namespaced package names model.RotaryPE
     overrides = list(overrides)
     overridden = overridden_keys(overrides)
     current = OmegaConf.to_container(cfg, resolve=True)

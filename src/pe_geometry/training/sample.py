@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from pe_geometry.model import EncoderMLM
-from pe_geometry.model.sampling import fill_masks, generate
+from pe_geometry.model.sampling import fill_masks, generate, prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,7 @@ class SampleTextCallback(L.Callback):
             if isinstance(model, EncoderMLM):
                 self.text = self._fill_in(model, tokenizer, datamodule, pl_module.device, generator)
             else:
-                # <eos> first: a new document, as after every document in training (and an encoder-decoder needs 2 tokens)
-                ids = [tokenizer.token_to_id("<eos>"), *tokenizer.encode(self.prompt).ids]
+                ids = prompt_ids(model, tokenizer.encode(self.prompt).ids, tokenizer.token_to_id("<eos>"))
                 prompt = torch.tensor([ids], device=pl_module.device)
                 out = generate(model, prompt, self.max_new_tokens, generator=generator, **self.sampling)
                 self.text = tokenizer.decode(out[0].tolist())

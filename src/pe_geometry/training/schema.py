@@ -9,7 +9,8 @@
   ``model.dropout=2`` or ``trainer.precision=fp7`` is one line naming the key, the value and what
   would be valid, instead of a traceback from deep inside torch or Lightning, or a silent run.
 
-Top-level keys and the keyless groups (``optimizer``, ``paths``) are models of their own. Values the
+Top-level keys and the keyless group ``paths`` are models of their own; so are the settings of the optimisers
+we ship (``OPTIMIZERS``), so that ``optimizer.momentum`` is refused naming AdamW's settings. Values the
 schema coerces (``seed='3'`` -> 3, ``train_files=a.txt`` -> ``[a.txt]``) are written back, so the run uses
 what was checked; booleans are strict (``compile=yes`` is refused, not read as true). Checks that need
 more than one key (``d_model % n_heads``, the PE's own limits, the tokenizer's vocabulary) stay in
@@ -18,6 +19,7 @@ more than one key (``d_model % n_heads``, the PE's own limits, the tokenizer's v
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import json
@@ -138,6 +140,8 @@ class HFDataSettings(DataSettings):
 
 # -- optimiser and trainer -------------------------------------------------------------------------
 class OptimizerSettings(Settings):
+    """``training.optimizer.adamw_warmup_cosine``: AdamW and its warm-up + cosine schedule."""
+
     lr: float = what("positive and finite", 1e-3, gt=0, allow_inf_nan=False)
     weight_decay: float = what("a number >= 0", 0.1, ge=0, allow_inf_nan=False)
     betas: tuple[Fraction01, Fraction01] = what("two numbers in [0, 1), e.g. [0.9,0.95]", (0.9, 0.95))
@@ -285,6 +289,10 @@ SETTINGS: dict[str, type[TargetSettings]] = {
     "lightning.pytorch.callbacks.LearningRateMonitor": LRMonitorSettings,
     "lightning.pytorch.loggers.WandbLogger": WandbSettings,
 }
+# The optimisers we ship, by ``_target_``: their keys are checked as a group of their own (unknown keys refused).
+OPTIMIZERS: dict[str, type[Settings]] = {
+    "pe_geometry.training.optimizer.adamw_warmup_cosine": OptimizerSettings,
+}
 # Constructor arguments the pipeline passes itself (the data's vocabulary, the model's width, ...): not config keys.
 SUPPLIED = {
     "model": {"vocab_size", "mask_token_id", "pe", "embedding", "attention"},
@@ -293,6 +301,7 @@ SUPPLIED = {
     "attention": {"d_model", "n_heads", "pe", "dropout"},  # dropout: model.dropout
     "trainer": {"callbacks", "logger", "plugins"},
     "logger": {"resume_step", "config", "group", "job_type", "id", "resume"},
+    "optimizer": {"model", "max_steps"},  # LanguageModelTask calls the bound factory with them
 }
 
 
@@ -314,9 +323,11 @@ def import_class(target: str) -> type:
 
 
 def constructor_keys(cls: type) -> set[str] | None:
-    """The keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up the class hierarchy;
-    None when the chain ends in a catch-all ``**kwargs`` (any key may be meant)."""
+    """The keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up the class hierarchy, or into the
+    dataclass a class names as what its ``**kwargs`` build (``config_type``: a model layout's ``**settings``
+    are the fields of ``ModelConfig``); None when the chain ends in a catch-all ``**kwargs`` (any key may be meant)."""
     names: set[str] = set()
+    forwarded = getattr(cls, "config_type", None)
     if not isinstance(cls, type):  # a factory function as _target_: its own parameters
         params = inspect.signature(cls).parameters.values()
         if any(p.kind is p.VAR_KEYWORD for p in params):
@@ -329,6 +340,8 @@ def constructor_keys(cls: type) -> set[str] | None:
         names |= {p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             return names
+        if dataclasses.is_dataclass(forwarded):
+            return names | {field.name for field in dataclasses.fields(forwarded)}
     return None  # **kwargs all the way up (e.g. a logger forwarding to wandb.init)
 
 
@@ -392,6 +405,15 @@ def check_node(key: str, node: Any, option: str | None = None) -> tuple[list[tup
     return _errors(key, model, settings)
 
 
+def check_optimizer(node: Any, option: str | None = None) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """The optimizer group: one we ship is checked against its settings (``OPTIMIZERS``), any other ``_target_``
+    (a user's own factory) against its parameters, like every other node."""
+    if isinstance(node, dict) and node.get("_target_") in OPTIMIZERS:
+        settings = {k: v for k, v in node.items() if k not in HYDRA_KEYS}
+        return _errors("optimizer", OPTIMIZERS[node["_target_"]], settings)
+    return check_node("optimizer", node, option)
+
+
 def _choice(choices: dict[str, Any], group: str) -> str | None:
     value = choices.get(group)
     return None if value in (None, "None") else str(value)
@@ -420,10 +442,12 @@ def check_schema(cfg: DictConfig, choices: dict[str, Any] | None = None) -> None
         corpus = values["data"].get("corpus") if isinstance(values["data"], dict) else None
         if corpus is not None:
             record("data.corpus", check_node("data.corpus", corpus))
-    for group, checker in (("optimizer", OptimizerSettings), ("paths", PathsSettings)):
-        if group in values:
-            node = values[group]
-            record(group, _errors(group, checker, node) if isinstance(node, dict) else ([(group, f"{group} must be a config group")], {}))
+    if "optimizer" in values:
+        record("optimizer", check_optimizer(values["optimizer"], _choice(choices, "optimizer")))
+    if "paths" in values:
+        node = values["paths"]
+        not_a_group = ([("paths", "paths must be a config group")], {})
+        record("paths", _errors("paths", PathsSettings, node) if isinstance(node, dict) else not_a_group)
     for group in ("logger", "callbacks"):
         node = values.get(group)
         if node is None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 
@@ -13,9 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from pe_geometry.model.embedding import TokenEmbedding
-from pe_geometry.model.positional import PositionalEncoding
 from pe_geometry.model.transformer import LanguageModel
+from pe_geometry.training.optimizer import OptimizerFactory, adamw_warmup_cosine
 
 log = logging.getLogger(__name__)
 
@@ -32,35 +30,14 @@ def first_non_finite_parameter(module: torch.nn.Module) -> str | None:
     return next(name for name, p in named if not p.detach().isfinite().all())
 
 
-def embedding_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The word embedding(s) and the parameters of the positional encoding(s): E and a learned P."""
-    modules = [m for m in model.modules() if isinstance(m, (TokenEmbedding, PositionalEncoding))]
-    return list({id(p): p for m in modules for p in m.parameters()}.values())
-
-
-def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
-    """LR multiplier: linear warm-up, then cosine decay to ``min_ratio`` at ``max_steps``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 class LanguageModelTask(L.LightningModule):
-    def __init__(
-        self,
-        model: LanguageModel,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95),
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.1,
-        max_steps: int = 1000,
-        no_decay_embeddings: bool = False,
-    ) -> None:
+    """Trains ``model`` on its own ``loss(block)``; ``optimizer`` (configs/optimizer/, settings bound by Hydra)
+    builds the optimiser and LR schedule for a run of ``max_steps`` steps."""
+
+    def __init__(self, model: LanguageModel, optimizer: OptimizerFactory = adamw_warmup_cosine, max_steps: int = 1000) -> None:
         super().__init__()
         self.model = model
-        self.save_hyperparameters(ignore=["model"])
+        self.build_optimizer, self.max_steps = optimizer, max_steps
 
     def setup(self, stage: str) -> None:
         # ThroughputMonitor reads this to log FLOP/s (and MFU where the device's peak is known).
@@ -113,24 +90,8 @@ class LanguageModelTask(L.LightningModule):
         if loss is not None:
             self.log("val/ppl", torch.exp(loss), sync_dist=True)
 
-    def configure_optimizers(self):
-        hp = self.hparams
-        # Decay matrices only: biases, norms and 1-d parameters keep their scale. With no_decay_embeddings
-        # the word embedding and a learned position table keep theirs too (decay shrinks E and P towards
-        # the origin, a pull that could shape their geometry); a tied output head is E, so it goes with it.
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        kept = {id(p) for p in embedding_parameters(self.model)} if hp.get("no_decay_embeddings") else set()
-        decay = [p for p in params if p.dim() >= 2 and id(p) not in kept]
-        no_decay = [p for p in params if p.dim() < 2 or id(p) in kept]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr,
-            betas=tuple(hp.betas),
-        )
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: warmup_cosine(step, hp.warmup_steps, hp.max_steps, hp.min_lr_ratio)
-        )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+    def configure_optimizers(self) -> dict:
+        return self.build_optimizer(self.model, max_steps=self.max_steps)
 
     # Random states travel with the checkpoint, so a resumed run draws the same masks and dropout as the
     # uninterrupted one: every rank's (each draws its own; rank 0 alone writes the file), each with its

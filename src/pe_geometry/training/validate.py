@@ -6,18 +6,12 @@ what would be valid; ``train.py`` prints it and exits.
 
 from __future__ import annotations
 
-import logging
-
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from pe_geometry.data.tokenizer import check_tokenizer_settings
 from pe_geometry.training.schema import SchemaError, check_schema
-
-log = logging.getLogger(__name__)
-# Options renamed so their names explain themselves; the old names are kept as aliases (configs/<group>/<old>.yaml).
-RENAMED_OPTIONS = {("embedding", "learned"): "plain", ("attention", "mha"): "explicit"}
 
 
 class ConfigError(SchemaError):
@@ -30,13 +24,6 @@ def _choices() -> dict:
         return dict(HydraConfig.get().runtime.choices)
     except ValueError:  # composed outside Hydra's run context
         return {}
-
-
-def renamed_options() -> list[str]:
-    """One line per group option given by its old name, naming the new one."""
-    choices = _choices()
-    return [f"{group}={old} is deprecated, use {group}={new} (the same settings)"
-            for (group, old), new in RENAMED_OPTIONS.items() if choices.get(group) == old]
 
 
 def _option(group: str, node: DictConfig) -> str:
@@ -87,8 +74,6 @@ def torch_mps_available() -> bool:
 
 def check_config(cfg: DictConfig) -> None:
     """The schema (every key typed and ranged, unknown keys refused), then the checks across keys."""
-    for line in renamed_options():
-        log.warning(line)
     try:
         check_schema(cfg, _choices())
     except SchemaError as err:

@@ -6,22 +6,19 @@
   single run is its own group), ``job_type`` (the experiment), and on resume the earlier run's id.
 - ``finish``: ``wandb.finish`` for this job's run (with the exit code on failure), so the next job
   of a basic-launcher sweep, which runs in the same process, starts its own run.
-- ``log_end_of_run``: each headline geometry figure with its chance on one chart, and the pairwise
-  angle table at initialisation and at the end.
+- ``log_end_of_run``: the charts and tables callbacks offer for the end of the run (the ``WandbSummary``
+  protocol, e.g. headline figures against their chance and a table at initialisation and at the end).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from pe_geometry.analysis import metric_names as names
+from typing import Any, Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
-
-HEADLINE_GEOMETRY = tuple(names.input_metric(m) for m in ("abs_cos_mean", "overlap_k8", "angle_mean_k8_deg"))
 
 
 def WandbLoggerClass() -> type:  # noqa: N802 - stands for the class
@@ -82,34 +79,44 @@ def job_type(hydra_choices: dict[str, Any] | None) -> str:
     return str((hydra_choices or {}).get("experiment") or "default")
 
 
-def log_end_of_run(loggers: Iterable, records: dict[int, dict[str, float]]) -> None:
-    """Headline geometry vs chance as one line chart each, and the angle table at init and end."""
+@dataclass(frozen=True)
+class LineChart:
+    """Lines over a shared x axis: ``ys[i]`` is the line named ``keys[i]``."""
+
+    xs: list[int]
+    ys: list[list[float]]
+    keys: list[str]
+    title: str
+    xname: str = "step"
+
+
+@dataclass(frozen=True)
+class Table:
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@runtime_checkable
+class WandbSummary(Protocol):
+    """A callback with charts and tables for the end of the run: W&B key -> LineChart or Table."""
+
+    def wandb_summary(self) -> dict[str, LineChart | Table]: ...
+
+
+def log_end_of_run(loggers: Iterable, callbacks: Iterable) -> None:
+    """Log what the callbacks offering ``wandb_summary`` have for the end of the run to every W&B run."""
     runs = [lg.experiment for lg in wandb_loggers(loggers)]
-    if not runs or not records:
+    summary = {key: item for cb in callbacks if isinstance(cb, WandbSummary) for key, item in cb.wandb_summary().items()}
+    if not runs or not summary:
         return
     import wandb
 
-    steps = sorted(records)
-    first, last = records[steps[0]], records[steps[-1]]
-    charts = {}
-    for name in HEADLINE_GEOMETRY:
-        chance = names.companion(name, "_chance")
-        pts = [s for s in steps if name in records[s] and chance in records[s]]
-        if pts:
-            charts[f"charts/{name.removeprefix('geometry/')}_vs_chance"] = wandb.plot.line_series(
-                xs=pts, ys=[[records[s][name] for s in pts], [records[s][chance] for s in pts]],
-                keys=[name, chance], title=f"{name} and its chance", xname="step",
-            )
-    # The seed article's table: the pairwise cos/angle statistics, each with a Gaussian-matrix baseline.
-    pairwise = sorted(k for k in last if names.companion(k, "_random") in last and not k.endswith(("_random", "_chance")))
-    if pairwise:
-        columns = ["measure", f"init (step {steps[0]})", f"end (step {steps[-1]})", "chance", "random matrices"]
-        rows = [
-            [k.removeprefix("geometry/"), first.get(k), last[k],
-             last.get(names.companion(k, "_chance")), last[names.companion(k, "_random")]]
-            for k in pairwise
-        ]
-        charts["tables/angle_table"] = wandb.Table(columns=columns, data=rows)
+    def drawn(item: LineChart | Table) -> Any:
+        if isinstance(item, Table):
+            return wandb.Table(columns=item.columns, data=item.rows)
+        return wandb.plot.line_series(xs=item.xs, ys=item.ys, keys=item.keys, title=item.title, xname=item.xname)
+
+    charts = {key: drawn(item) for key, item in summary.items()}
     for run in runs:
         run.log(charts)
 

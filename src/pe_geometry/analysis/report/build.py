@@ -1,9 +1,9 @@
 """Report of a sweep: geometry vs training step per PE type, losses, length extrapolation, MiniLM beside them.
 
-    python experiments/report.py multirun/<date>/<time>                       # writes multirun/<date>/<time>/report/
-    python experiments/report.py multirun/<date>/<time> --out some/dir
-    python experiments/report.py RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis
-    python experiments/report.py RUNS --no-extrapolation --no-pretrained      # fast: only what the runs logged
+    pe-report multirun/<date>/<time>                       # writes multirun/<date>/<time>/report/
+    pe-report multirun/<date>/<time> --out some/dir
+    pe-report RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis
+    pe-report RUNS --no-extrapolation --no-pretrained      # fast: only what the runs logged
 
 Reads every run below the given directory (a run = a folder with ``config.yaml`` and
 ``csv/metrics.csv``), groups the runs by (model, PE type) and writes:
@@ -36,6 +36,7 @@ from pe_geometry.analysis.report.markdown import ReportData, write_markdown
 from pe_geometry.analysis.report.tables import NA
 from pe_geometry.analysis.runs import EXTRAPOLATION_FILE, Group, Run, find_runs, geometry_families, group_runs, measure_summary, stats
 from pe_geometry.analysis.verdict import group_verdict
+from pe_geometry.data.cache import atomic_write_text
 
 log = logging.getLogger("report")
 
@@ -109,10 +110,9 @@ def load_pretrained(path: Path | None, out_dir: Path) -> tuple[dict | None, str]
         log.warning("pretrained analysis unavailable (%s: %s)", type(err).__name__, err)
         return None, f"unavailable ({type(err).__name__}: {err})"
     text = json.dumps(results, indent=2)
-    (out_dir / "pretrained.json").write_text(text)
+    atomic_write_text(out_dir / "pretrained.json", text)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        atomic_write_text(path, text)
     return results, "computed with analysis.pretrained.analyse()"
 
 
@@ -170,7 +170,7 @@ def build_report(
                       families=families, summaries=summaries, figures=figures, extrapolation=ext_table,
                       multipliers=multipliers, pretrained=pre, pretrained_source=pre_source, tokens_rule=tokens_rule,
                       verdicts=verdicts)
-    (out / "report.md").write_text(write_markdown(data))
+    atomic_write_text(out / "report.md", write_markdown(data))
 
     summary = {
         "source": str(source),
@@ -192,7 +192,7 @@ def build_report(
                                                                          "attention_layer0", "hidden_states") if k in pre},
         "pretrained_source": pre_source,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
     log.info("wrote %s (%d figures, report.md, summary.json)", out, len(figures))
     return summary
 

@@ -11,7 +11,10 @@ import re
 import textwrap
 from pathlib import Path
 
-import matplotlib
+from pe_geometry.extras import needs_extra
+
+with needs_extra("report", "the report"):
+    import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -56,7 +56,7 @@ def header_section(data: ReportData) -> list[str]:
     cadence = (f"geometry every {geometry_cfg.get('every_n_steps', '?')} steps from step 0 (initialisation)" if geometry_cfg
                else "no geometry callback")
     lines = [f"# Positional-encoding geometry report: `{data.source}`", ""]
-    lines += [f"Generated {data.generated} by `python experiments/report.py`. {len(runs)} runs in {len(groups)} groups "
+    lines += [f"Generated {data.generated} by `pe-report`. {len(runs)} runs in {len(groups)} groups "
               f"({', '.join(f'{g.label}: seeds {g.seeds}' for g in groups)}).", ""]
     lines += [f"Setup (first run): `{m.get('_target_', '?').rsplit('.', 1)[-1]}`, d_model {m.get('d_model')}, "
               f"{m.get('n_layers')} layers × {m.get('n_heads')} heads, seq_len {d.get('seq_len')}, batch {d.get('batch_size')}, "
@@ -203,7 +203,7 @@ def extrapolation_section(data: ReportData) -> list[str]:
         mults = data.multipliers
         any_entry = next(iter(table.values()))
         lines += [f"Validation loss (nats/token) on blocks of m × seq_len tokens (seq_len {any_entry.get('train_seq_len')}), "
-                  f"the same {any_entry.get('n_target_tokens'):,} target tokens at every length (`experiments/extrapolation.py`). "
+                  f"the same {any_entry.get('n_target_tokens'):,} target tokens at every length (`pe-extrapolate`). "
                   "In brackets: loss on the positions past the training length only. n/a: the learned position table has no "
                   "row for that position (pe.max_len); † learned rows that exist but were never trained.", ""]
         if "extrapolation.png" in data.figures:
@@ -290,9 +290,9 @@ def pretrained_section(data: ReportData) -> list[str]:
         return lines + [f"Pretrained analysis {data.pretrained_source}.", ""]
     model, seed_rows, freq, art = p.get("model", {}), p.get("seed_rows", {}), p.get("frequent_rows", {}), p.get("article", {})
     d = model.get("d_model")
-    lines += [f"`experiments/pretrained.py` on {model.get('model_type')} (d_model {d}, {model.get('n_layers')} layers, "
+    lines += [f"`pe-pretrained` on {model.get('model_type')} (d_model {d}, {model.get('n_layers')} layers, "
               f"{model.get('n_positions')} learned positions; {data.pretrained_source}). "
-              f"Rows {seed_rows.get('rows')} (the article's rows) are {seed_rows.get('n_unused')} [unused*] tokens, "
+              f"Rows {seed_rows.get('rows')} (the rows of the claims' source table) are {seed_rows.get('n_unused')} [unused*] tokens, "
               f"{seed_rows.get('n_ordinary')} ordinary ones; frequent tokens: {freq.get('n_rows')} most frequent tokens of the "
               f"Shakespeare plays ({freq.get('corpus_coverage', 0):.1%} of the corpus tokens). Trained models: input level at "
               "step 0 and at the end (mean over seeds), against every position row used in training. Chance depends on d, so "
@@ -335,8 +335,13 @@ def pretrained_section(data: ReportData) -> list[str]:
     lines += md_table(header, rows)
     attn = p.get("attention_layer0")
     if attn:
-        lines += [f"MiniLM block 0 attention: positional heads (position–position share > 0.5): {attn.get('positional_heads')} "
-                  f"of {len(attn.get('shares', {}).get('pos_pos', []))}.", ""]
+        n_heads = len(attn.get("shares", {}).get("pos_pos", []))
+        if "positional_heads_all_terms" in attn:
+            lines += [f"MiniLM block 0 attention: positional heads (share of every position-dependent term > 0.5): "
+                      f"{attn['positional_heads_all_terms']} of {n_heads}.", ""]
+        else:  # an analysis written before every term was counted
+            lines += [f"MiniLM block 0 attention: positional heads (position–position share > 0.5): {attn.get('positional_heads')} "
+                      f"of {n_heads}.", ""]
     return lines
 
 
@@ -354,8 +359,12 @@ def pretrained_hidden_section(data: ReportData) -> list[str]:
         return []
     layers = p["hidden_states"]
     keys = [k for k in layers[0] if not k.endswith((*names.COMPANIONS, *names.STATISTICS))]
-    header = ["MiniLM block input"] + [h for k in keys for h in (k, f"{k} chance")]
-    rows = [[str(i)] + [c for k in keys for c in (fmt(rep.get(k)), fmt(rep.get(f"{k}_chance")))] for i, rep in enumerate(layers)]
+    header = ["MiniLM block input"] + [h for k in keys for h in (k, f"{k} chance / null mean")]
+
+    def baseline(rep: dict, key: str) -> float | None:  # the probe's reference is its null, the others' an exact chance
+        return rep.get(f"{key}_chance", rep.get(f"{key}_null_mean"))
+
+    rows = [[str(i)] + [c for k in keys for c in (fmt(rep.get(k)), fmt(baseline(rep, k)))] for i, rep in enumerate(layers)]
     return ["## Pretrained MiniLM: position in hidden states", "",
             "Same hidden-state measures on MiniLM (index i = block i input, 0 = the embedding output after LayerNorm, "
             "the last = the output; 32 Shakespeare windows of 64 tokens, [CLS]/[SEP] dropped), for comparison with the "

@@ -1,0 +1,69 @@
+"""The optimiser and its learning-rate schedule, as ``configs/optimizer/*.yaml`` build them.
+
+``optimizer=adamw`` names ``adamw_warmup_cosine`` with ``_partial_: true``: Hydra binds the settings
+(``optimizer.lr``, ``optimizer.no_decay_embeddings``, ...) and ``LanguageModelTask`` calls the result
+with the model and the run's length. Another optimiser is another function of the same shape,
+``(model, max_steps, **settings) -> what LightningModule.configure_optimizers returns``, and a yaml
+beside adamw.yaml that names it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from pe_geometry.model.embedding import TokenEmbedding
+from pe_geometry.model.positional import PositionalEncoding
+
+# (model, max_steps) -> {"optimizer": ..., "lr_scheduler": ...}, the settings already bound
+OptimizerFactory = Callable[..., dict[str, Any]]
+
+
+def embedding_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The word embedding(s) and the parameters of the positional encoding(s): E and a learned P."""
+    modules = [m for m in model.modules() if isinstance(m, (TokenEmbedding, PositionalEncoding))]
+    return list({id(p): p for m in modules for p in m.parameters()}.values())
+
+
+def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up, then cosine decay to ``min_ratio`` at ``max_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def weight_decay_groups(model: torch.nn.Module, weight_decay: float, no_decay_embeddings: bool) -> list[dict[str, Any]]:
+    """Two parameter groups: matrices decay by ``weight_decay``; biases, norms and other 1-d parameters do not.
+
+    With ``no_decay_embeddings`` the word embedding and a learned position table keep their scale too
+    (decay shrinks E and P towards the origin, a pull that could shape their geometry); a tied output
+    head is E, so it goes with it.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    kept = {id(p) for p in embedding_parameters(model)} if no_decay_embeddings else set()
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in kept]
+    no_decay = [p for p in params if p.dim() < 2 or id(p) in kept]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def adamw_warmup_cosine(
+    model: torch.nn.Module,
+    max_steps: int,
+    lr: float = 1e-3,
+    weight_decay: float = 0.1,
+    betas: Sequence[float] = (0.9, 0.95),
+    warmup_steps: int = 100,
+    min_lr_ratio: float = 0.1,
+    no_decay_embeddings: bool = False,
+) -> dict[str, Any]:
+    """AdamW on ``weight_decay_groups``, its LR warmed up linearly over ``warmup_steps`` then decayed along a
+    cosine to ``min_lr_ratio * lr`` at ``max_steps``, stepped every optimiser step."""
+    optimizer = torch.optim.AdamW(weight_decay_groups(model, weight_decay, no_decay_embeddings), lr=lr, betas=tuple(betas))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, warmup_steps, max_steps, min_lr_ratio)
+    )
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
