@@ -184,3 +184,19 @@ def test_the_default_run_trains_without_wandb(monkeypatch, caplog, tmp_path, tin
     assert (run / "csv" / "metrics.csv").is_file() and not (run / "wandb").exists()
     warned = [r.getMessage() for r in caplog.records if "pe-geometry[wandb]" in r.getMessage()]
     assert warned == ["logger.wandb needs wandb, which is not installed: pip install 'pe-geometry[wandb]'; this run logs without it"]
+
+
+def test_pe_report_without_the_report_extra_is_one_error_line(monkeypatch, capsys, tmp_path):
+    """pe-report in an install without matplotlib: one line naming the extra and exit code 2, not a traceback."""
+    run = tmp_path / "run"
+    (run / "csv").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\nmodel: {_target_: pe_geometry.model.DecoderLM}\npe: {_target_: pe_geometry.model.NoPE}\n")
+    (run / "csv" / "metrics.csv").write_text("step,train/loss\n1,5.0\n2,4.0\n")
+    block(monkeypatch, "matplotlib")
+    for loaded in [m for m in sys.modules if m.startswith(("pe_geometry.analysis.report", "pe_geometry.cli.report"))]:
+        monkeypatch.delitem(sys.modules, loaded)  # imported anew, as in a process that has never had matplotlib
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module("pe_geometry.cli.report").main([str(tmp_path), "--no-extrapolation", "--no-pretrained", "--no-verdict"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and one_line_naming(err.strip(), "report"), err

@@ -13,7 +13,10 @@ import logging
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
-from pe_geometry.analysis.extrapolation import NA, evaluate_lengths
+from pe_geometry.extras import exit_on_missing_extra
+
+with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
+    from pe_geometry.analysis.extrapolation import NA, evaluate_lengths
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -12,7 +12,10 @@ import json
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
-from pe_geometry.analysis.pretrained import analyse
+from pe_geometry.extras import exit_on_missing_extra
+
+with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
+    from pe_geometry.analysis.pretrained import analyse
 
 
 def _print_geometry(title: str, g: dict) -> None:
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--probe-permutations", type=int, default=100,
                         help="null draws of the hidden-state position probe per layer (fewer: faster, coarser p-values)")
     args = parser.parse_args(argv)
-    results = analyse(args.model_dir, n_frequent=args.n_frequent, probe_permutations=args.probe_permutations)
+    with exit_on_missing_extra():
+        results = analyse(args.model_dir, n_frequent=args.n_frequent, probe_permutations=args.probe_permutations)
     print_report(results)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,10 @@ import logging
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
-from pe_geometry.analysis.report import build_report
+from pe_geometry.extras import exit_on_missing_extra
+
+with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
+    from pe_geometry.analysis.report import build_report
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -34,9 +37,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--null-draws", type=int, default=None, help="Haar rotations per verdict null (default: 2000)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    summary = build_report(args.multirun, args.out, args.pretrained_json, extrapolation=not args.no_extrapolation,
-                           pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers), max_batches=args.max_batches,
-                           verdict=not args.no_verdict, **({"null_draws": args.null_draws} if args.null_draws else {}))
+    with exit_on_missing_extra():
+        summary = build_report(args.multirun, args.out, args.pretrained_json, extrapolation=not args.no_extrapolation,
+                               pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers), max_batches=args.max_batches,
+                               verdict=not args.no_verdict, **({"null_draws": args.null_draws} if args.null_draws else {}))
     print(f"report: {Path(args.out or args.multirun / 'report') / 'report.md'}")
     return summary
 

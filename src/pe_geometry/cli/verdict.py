@@ -14,8 +14,11 @@ import argparse
 import json
 from pathlib import Path
 
-from pe_geometry.analysis.report.markdown import compact_verdict_table, verdict_tables
-from pe_geometry.analysis.verdict import INPUT_FIGURES
+from pe_geometry.extras import exit_on_missing_extra
+
+with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
+    from pe_geometry.analysis.report.markdown import compact_verdict_table, verdict_tables
+    from pe_geometry.analysis.verdict import INPUT_FIGURES
 
 
 def main(argv: list[str] | None = None) -> str:
