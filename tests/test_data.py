@@ -326,14 +326,17 @@ def test_hf_bad_input_is_one_clear_line(tmp_path, parquet_files):
     files = {split: str(p) for split, p in parquet_files.items()}
     with pytest.raises(CorpusError, match=r"data.text_column='text' is not a column of the train split .*; columns: \['story', 'n'\]"):
         hf_datamodule(tmp_path, path="parquet", data_files=files).prepare_data()
-    with pytest.raises(CorpusError, match=r"data.text_column='n' holds Value\('int64'\), not text"):
+    with pytest.raises(CorpusError, match=r"data.text_column='n' holds Value\((dtype=)?'int64'.*\), not text"):
         hf_datamodule(tmp_path, path="parquet", data_files=files, text_column="n").prepare_data()
     saved = tmp_path / "saved"
     datasets.DatasetDict({
         "train": datasets.Dataset.from_dict({"text": ["some text"] * 40}),
         "validation": datasets.Dataset.from_dict({"text": []}, features=datasets.Features({"text": datasets.Value("string")})),
     }).save_to_disk(str(saved))
-    with pytest.raises(CorpusError, match=r"could not be loaded \(.*\): a file or split with no documents"):
+    # datasets >= 3 refuses to load the empty split; 2.x loads it and the corpus refuses it: one clear line either way
+    no_documents = (r"could not be loaded \(.*\): a file or split with no documents"
+                    r"|the corpus is empty: its validation split has no documents")
+    with pytest.raises(CorpusError, match=no_documents):
         hf_datamodule(tmp_path, path=str(saved)).prepare_data()
     blank = tmp_path / "blank"
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["some text"] * 40}),
@@ -344,7 +347,7 @@ def test_hf_bad_input_is_one_clear_line(tmp_path, parquet_files):
         hf_datamodule(tmp_path, path=str(blank), train_split="training").prepare_data()
     empty = tmp_path / "empty.parquet"
     pq.write_table(pa.table({"story": pa.array([], pa.string())}), empty)
-    with pytest.raises(CorpusError, match=r"'parquet' could not be loaded \(DatasetGenerationError: .*; cause: ArrowInvalid.*no documents"):
+    with pytest.raises(CorpusError, match=r"'parquet' could not be loaded \(.*\).*no documents"):
         files_with_empty = {"train": files["train"], "validation": str(empty)}
         hf_datamodule(tmp_path, path="parquet", data_files=files_with_empty, text_column="story").prepare_data()
     header_only = tmp_path / "header_only.csv"

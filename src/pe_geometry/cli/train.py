@@ -28,6 +28,11 @@ import pe_geometry.training.names  # noqa: E402, F401
 
 @hydra.main(version_base="1.3", config_path="pkg://pe_geometry.configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    # a train.log on a full disk: one warning line, not a traceback per record; first, before any library that logs
+    # on import (datasets 2.x logs the PyTorch version it found)
+    from pe_geometry.training.storage import quiet_log_file_errors, storage_failure
+
+    quiet_log_file_errors()
     # heavy imports after Hydra has parsed the command line
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -37,11 +42,9 @@ def main(cfg: DictConfig) -> float | None:
     from pe_geometry.extras import MissingExtraError
     from pe_geometry.training.interrupt import ignore_signals_once_finished
     from pe_geometry.training.pipeline import resume_command, train
-    from pe_geometry.training.storage import quiet_log_file_errors, storage_failure
     from pe_geometry.training.task import NonFiniteLossError
     from pe_geometry.training.validate import ConfigError
 
-    quiet_log_file_errors()  # a train.log on a full disk: one warning line, not a traceback per record
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     if not in_sweep:  # this process ends with its run: a signal once training has finished still exits 0
         ignore_signals_once_finished()
