@@ -221,3 +221,28 @@ def test_every_test_the_docs_cite_exists(doc):
     cited = set(re.findall(r"(?<![\w.])(test_\w+)", doc.read_text(encoding="utf-8")))
     missing = sorted(cited - defined - files)
     assert not missing, f"{doc.name} cites tests that do not exist: {missing}"
+
+
+# ----------------------------------------------------------------------------- stated durations
+
+DURATION = re.compile(r"\b\d[\d.,]*\s*(?:-\s*\d[\d.,]*\s*)?(?:min|minutes?|h|hours?)\b|\ban hour\b|\b(?:several|a few) minutes\b")
+MACHINE = re.compile(r"vCPU|CPU|cores?\b|GPU|H100|H200")
+LOAD = re.compile(r"idle|shared|alone|other jobs|loaded")
+
+
+def statements(text: str) -> list[str]:
+    """README sentences and YAML comment lines: the units a stated duration must carry its conditions in."""
+    joined = re.sub(r"\n(?![\n#`|-])", " ", text)  # re-join a wrapped paragraph; keep code and comment lines apart
+    return [s for line in joined.splitlines() for s in re.split(r"(?<=[.;])\s+(?=[A-Z(])", line)]
+
+
+@pytest.mark.parametrize("path", [README, *sorted(CONFIG_DIR.rglob("*.yaml"))], ids=lambda p: p.name)
+def test_every_stated_duration_names_its_machine_and_load(path):
+    """A new user measured 24 min for "about 8 minutes" and 15 min for "several minutes": each time says where it held."""
+    vague = [s.strip() for s in statements(path.read_text()) if DURATION.search(s) and not (MACHINE.search(s) and LOAD.search(s))]
+    assert not vague, f"{path.name}: durations without the machine and its load: {vague}"
+
+
+def test_the_readme_test_commands_state_their_durations():
+    commands = [line for line in section(README.read_text(), "Tests").splitlines() if line.startswith("python -m pytest")]
+    assert len(commands) == 2 and all(DURATION.search(line) for line in commands), commands

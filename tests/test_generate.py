@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, LearnedPE, SDPAttention
-from pe_geometry.model.sampling import fill_masks, generate, next_token, top_k_filter, top_p_filter
+from pe_geometry.model.sampling import Decoding, fill_masks, generate, next_token, token_nll, top_k_filter, top_p_filter
 from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, tiny_train_config
 from tests.test_attention import build
 
@@ -93,6 +93,76 @@ def test_the_same_seed_gives_the_same_sample_and_another_seed_another():
     assert torch.equal(first, sample(0, use_cache=False))
     assert not torch.equal(first, sample(1))
     assert not torch.equal(first[0], first[1])  # the samples of one batch differ from each other
+
+
+@pytest.mark.parametrize("attention", [ExplicitAttention, SDPAttention])
+@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
+@pytest.mark.parametrize("prompt_len", [3, 13])  # shorter than the window, then already longer than it
+def test_windowed_cached_logits_equal_an_uncached_forward_over_the_last_n_tokens(model_cls, pe, attention, prompt_len):
+    """At every step, before and after the window starts to slide, the cached logits are those of a plain
+    forward pass over the last N tokens (the encoder-decoder: its last source window, its last decoder window)."""
+    model = build(model_cls, pe, attention).eval()
+    context = 10
+    prompt = torch.randint(50, (2, prompt_len), generator=torch.Generator().manual_seed(4))
+    decoding = Decoding(model, prompt, context=context, use_cache=True)
+    source_window = model.source_len(context) if model_cls is EncoderDecoder else None
+    decoder_window = context - source_window if source_window else context
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for _ in range(3 * context):
+            window = decoding.tokens[:, -decoder_window:]
+            if model_cls is EncoderDecoder:
+                expected = model(decoding.source[:, -source_window:], window)[:, -1]
+            else:
+                expected = model(window)[:, -1]
+            assert (decoding.logits() - expected).abs().max().item() <= 1e-5
+            decoding.append(torch.randint(50, (2, 1), generator=g))
+    assert decoding.tokens.shape[1] > 2 * context  # the window slid for most of the steps
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_windowed_generation_is_the_same_with_and_without_the_cache(pe):
+    model = build(DecoderLM, pe, SDPAttention).eval()
+    prompt = torch.randint(50, (2, 4), generator=torch.Generator().manual_seed(2))
+    cached = generate(model, prompt, 30, temperature=0, context=8)
+    assert cached.shape == (2, 34) and torch.equal(cached, generate(model, prompt, 30, temperature=0, context=8, use_cache=False))
+
+
+def test_context_lets_a_learned_table_write_past_its_size_and_full_context_cannot():
+    model = DecoderLM(vocab_size=20, d_model=16, n_heads=2, n_layers=1, pe=lambda **kw: LearnedPE(**kw, max_len=10)).eval()
+    prompt = torch.zeros(1, 4, dtype=torch.long)
+    assert generate(model, prompt, 40, context=10).shape == (1, 44)  # each token reads at most 10 positions
+    with pytest.raises(ValueError, match="43 positions needed but the LearnedPE table has 10"):
+        generate(model, prompt, 40, context=None)
+    with pytest.raises(ValueError, match="12 positions needed"):  # a window larger than the table is refused too
+        generate(model, prompt, 40, context=12)
+
+
+def test_token_nll_is_the_cross_entropy_of_the_window_the_text_was_read_through():
+    model = build(DecoderLM, "sinusoidal", SDPAttention).eval()
+    tokens = torch.randint(50, (2, 25), generator=torch.Generator().manual_seed(6))
+    nll = token_nll(model, tokens, context=8)
+    assert nll.shape == (2, 24)
+    with torch.no_grad():
+        in_window = torch.nn.functional.cross_entropy(model(tokens[:, :8]).transpose(1, 2), tokens[:, 1:9], reduction="none")
+        last = torch.nn.functional.cross_entropy(model(tokens[:, -9:-1])[:, -1], tokens[:, -1], reduction="none")
+    assert torch.allclose(nll[:, :8], in_window, atol=1e-5)  # the first 8 targets: one ordinary forward
+    assert torch.allclose(nll[:, -1], last, atol=1e-5)  # the last target: read from the 8 tokens before it
+    assert not torch.allclose(token_nll(model, tokens, context=None)[:, -1], last, atol=1e-3)  # full context differs
+
+
+def test_the_encoder_fills_each_blank_from_the_window_centred_on_it():
+    model = build(EncoderMLM, "learned", SDPAttention).eval()
+    ids = torch.randint(2, 50, (1, 30), generator=torch.Generator().manual_seed(3))
+    ids[:, [2, 15, 28]] = model.mask_token_id
+    filled = fill_masks(model, ids, context=8)
+    with torch.no_grad():
+        for blank, start in ((2, 0), (15, 11), (28, 22)):  # clipped at the start, centred, clipped at the end
+            logits = model(ids[:, start : start + 8])[0, blank - start]
+            logits[model.mask_token_id] = NEG_INF
+            assert filled[0, blank] == logits.argmax()
+    assert torch.equal(fill_masks(model, ids[:, :8], context=8), fill_masks(model, ids[:, :8]))  # short text: one pass
 
 
 def test_top_k_keeps_the_k_largest_logits():
@@ -229,8 +299,30 @@ def test_cli_samples_and_reports_bad_input_in_one_line(trained_runs, tmp_path):
         (["ckpt_path=/nope/last.ckpt"], "error: ckpt_path=/nope/last.ckpt: no checkpoint file there"),
         ([f"ckpt_path={ckpt}", "tempreature=0.5"], "error: unknown option 'tempreature'; valid: ["),
         ([f"ckpt_path={ckpt}", "top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
-        ([f"ckpt_path={ckpt}", "max_new_tokens=600"], "positions needed but the LearnedPE table has"),
+        ([f"ckpt_path={ckpt}", "max_new_tokens=600", "context=full"], "positions needed but the LearnedPE table has"),
+        ([f"ckpt_path={ckpt}", "context=everything"], "error: context='everything'; valid: train (the training length"),
     ]:
         result = cli(*bad)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow  # runs generate.py in a subprocess
+def test_cli_reads_at_most_the_training_length_unless_context_full(trained_runs, tmp_path):
+    """The learned table (512 rows) of a model trained on 16 tokens: 600 new tokens work by default, each drawn
+    from the last 16; context=full says what the model was trained on and reads everything it can place."""
+    ckpt = trained_runs["decoder"] / "checkpoints" / "last.ckpt"
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(ROOT / "generate.py"), f"ckpt_path={ckpt}", "num_samples=1", "temperature=0", *args]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    windowed = cli("max_new_tokens=600")
+    assert windowed.returncode == 0, windowed.stderr[-2000:]
+    assert "context=16: each token is drawn from the last 16 tokens (the training length)" in windowed.stderr
+    full = cli("max_new_tokens=40", "context=full")
+    assert full.returncode == 0, full.stderr[-2000:]
+    assert "context=full: the model was trained on 16 tokens and reads all 40 here" in full.stderr
+    short = cli("max_new_tokens=8")
+    assert "context=" not in short.stderr  # nothing to say when the text fits the training length
+    assert windowed.stdout[:60] == cli("max_new_tokens=600", "context=16").stdout[:60]  # train = its seq_len

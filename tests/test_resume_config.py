@@ -186,6 +186,16 @@ def test_a_resume_writes_nothing_until_its_checks_pass_then_logs_into_its_run(tm
     assert torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 8
 
 
+@pytest.mark.slow  # runs train.py in subprocesses
+@pytest.mark.parametrize("bad", [["model.d_model=33"], ["seed=-1"], ["ckpt_path=/nope/last.ckpt"], ["pe=sinusodial"]])
+def test_a_rejected_command_leaves_nothing_behind_and_says_it_once(bad, tmp_path, cache_dir):
+    """Hydra's default run folder (outputs/<day>/<time>_...) is not left as a stub with .hydra/ and train.log."""
+    result = _train_py(bad, tmp_path, cache_dir)
+    assert result.returncode in (1, 2) and "error" in result.stderr.lower(), result.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+    assert "error" not in result.stdout.lower()  # the one line on stderr, not echoed by the console log as well
+
+
 def test_a_resume_off_the_geometry_cadence_adds_no_geometry_row(tmp_path, tiny_corpus, cache_dir):
     """Before: a resume from a step off the cadence (a Ctrl-C checkpoint, say) measured there, a row the uninterrupted run has not."""
     args = ["trainer.max_steps=6", "callbacks.checkpoint.every_n_train_steps=3", "callbacks.geometry.every_n_steps=2",

@@ -166,6 +166,8 @@ def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tin
     offline = sorted((tmp_path / "sweep").glob("*/wandb/offline-run-*"))
     assert len(offline) == 2, offline
     runs = [wandb_run(d) for d in offline]
+    run_config = compose_train_config([a for a in sweep_args(tiny_corpus, tmp_path) if a != "-m" and "," not in a])
+    run_config_keys = list(run_config.keys())
     assert len({r["run"]["run_id"] for r in runs}) == 2
     assert len({r["run"]["run_group"] for r in runs}) == 1 and runs[0]["run"]["run_group"] == f"{tmp_path.name}_sweep"
     assert [r["run"]["display_name"] for r in runs] == ["decoder-sinusoidal-s0", "decoder-learned-s0"]
@@ -174,6 +176,9 @@ def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tin
     for r in runs:
         assert r["run"]["job_type"] == "default" and r["exit"]["exit"]["exit_code"] in (0, None)
         assert r["config"]["model"]["d_model"] == 32 and r["config"]["data"]["vocab_size"] == 300 and r["config"]["seed"] == 0
+        # one source of each setting, the nested config: no flat copy (lr, betas, max_steps from saved hyperparameters)
+        assert {k for k in r["config"] if not k.startswith("_wandb")} <= set(run_config_keys) | {"choices"}, sorted(r["config"])
+        assert r["config"]["optimizer"]["lr"] == run_config.optimizer.lr and r["config"]["trainer"]["max_steps"] == 2
         steps = [h["trainer/global_step"] for h in r["history"] if "geometry/overlap_k8" in h]
         assert steps == [0, 1, 2]
         # the end-of-run W&B table (cos/angle rows) and the chart of overlap_k8 against its chance

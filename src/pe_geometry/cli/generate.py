@@ -3,6 +3,7 @@
     pe-generate ckpt_path=<run>/checkpoints/last.ckpt prompt="ROMEO:" max_new_tokens=200 \\
         temperature=0.8 top_k=40 top_p=0.95 num_samples=3 seed=0
     pe-generate ckpt_path=... prompt="ROMEO:" temperature=0           # greedy
+    pe-generate ckpt_path=... max_new_tokens=600 context=full          # read the whole text (extrapolation)
     pe-generate ckpt_path=<encoder run>/checkpoints/last.ckpt prompt="ROMEO: <mask> me, I pray"
 
 The model and its tokenizer are rebuilt from the checkpoint's own config by ``training.run_loader.load_trained_run``
@@ -38,6 +39,33 @@ def check_options(cfg: DictConfig) -> None:
         raise GenerateError(f"top_k={cfg.top_k} must be >= 0 (0 or null = no top-k filter)")
     if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
         raise GenerateError(f"top_p={cfg.top_p} must be in (0, 1] (1 or null = no nucleus filter)")
+    resolve_context(cfg.context, seq_len=1)  # a bad value fails before the checkpoint loads
+
+
+CONTEXT_CHOICES = "train (the training length, default), full (the whole text), or a number of tokens >= 1"
+
+
+def resolve_context(value: object, seq_len: int) -> int | None:
+    """``context=`` -> the number of tokens each new one is drawn from (None: all of them)."""
+    if value == "train":
+        return seq_len
+    if value == "full":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise GenerateError(f"context={value!r}; valid: {CONTEXT_CHOICES}")
+
+
+def context_line(context: int | None, seq_len: int, text_len: int) -> str | None:
+    """One line telling the user how far the model reads, when that matters for this text (else None)."""
+    if context is None and text_len > seq_len:
+        return (f"context=full: the model was trained on {seq_len} tokens and reads all {text_len} here "
+                f"(positions past {seq_len} are extrapolation)")
+    if context is not None and text_len > context:
+        trained = "the training length" if context == seq_len else f"trained on {seq_len}"
+        return (f"context={context}: each token is drawn from the last {context} tokens ({trained}); "
+                f"context=full reads the whole text")
+    return None
 
 
 def pick_device(name: str) -> str:
@@ -66,6 +94,11 @@ def run(cfg: DictConfig) -> list[str]:
     model, tokenizer = loaded.model, loaded.tokenizer
     text = str(cfg.prompt).replace("\\n", "\n")
     ids = prompt_ids(model, tokenizer.encode(text).ids, tokenizer.token_to_id("<eos>"))
+    seq_len = int(loaded.config.data.seq_len)
+    context = resolve_context(cfg.context, seq_len)
+    text_len = len(ids) + (0 if isinstance(model, EncoderMLM) else cfg.max_new_tokens - 1)
+    if line := context_line(context, seq_len, text_len):
+        print(line, file=sys.stderr)
     batch = torch.tensor([ids] * cfg.num_samples, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     sampling = {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "generator": generator}
@@ -74,12 +107,12 @@ def run(cfg: DictConfig) -> list[str]:
     if isinstance(model, EncoderMLM):
         if not has_blanks:
             raise GenerateError(f"prompt={cfg.prompt!r}: a masked-LM encoder fills blanks; mark them with <mask>")
-        out = fill_masks(model, batch, **sampling)
+        out = fill_masks(model, batch, context=context, **sampling)
         new_tokens = int((batch == model.mask_token_id).sum())
     else:
         if has_blanks:
             raise GenerateError(f"prompt={cfg.prompt!r} holds <mask>, but only a masked-LM encoder fills blanks")
-        out = generate(model, batch, cfg.max_new_tokens, use_cache=cfg.use_cache, **sampling)
+        out = generate(model, batch, cfg.max_new_tokens, use_cache=cfg.use_cache, context=context, **sampling)
         new_tokens = cfg.num_samples * cfg.max_new_tokens
     seconds = time.perf_counter() - started
     print(f"{new_tokens} new tokens in {seconds:.2f} s ({new_tokens / max(seconds, 1e-9):.0f} tokens/s)", file=sys.stderr)

@@ -65,7 +65,8 @@ def main(cfg: DictConfig) -> float | None:
             if not in_sweep:
                 raise  # an unexpected error in a single run keeps its traceback
             log.exception("job failed")  # the traceback goes to this job's train.log
-        log.error("error: %s", err)
+        if in_sweep or code != 2:  # a refused single run keeps no log (its folder goes): the stderr line is enough
+            log.error("error: %s", err)
         if not in_sweep:
             print(f"error: {err}", file=sys.stderr)
             if code == 2:  # refused before it wrote anything: no stub folder under outputs/

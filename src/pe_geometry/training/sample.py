@@ -20,6 +20,8 @@ class SampleTextCallback(L.Callback):
     A masked-LM encoder cannot continue text: it gets the first ``max_new_tokens`` validation
     tokens with every ``blank_every``-th one masked, and the log shows the blanks it filled.
     The text also goes to every logger that has ``log_text`` (W&B) as ``samples/text``.
+    ``context``: "train" draws each token from at most the training length (``seq_len``) of text, as
+    ``pe-generate`` does by default; "full" reads the whole text.
     """
 
     def __init__(
@@ -31,7 +33,11 @@ class SampleTextCallback(L.Callback):
         top_p: float | None = 0.95,
         blank_every: int = 6,
         seed: int = 0,
+        context: str = "train",
     ) -> None:
+        if context not in ("train", "full"):
+            raise ValueError(f"callbacks.sample.context={context!r}; valid: ['train', 'full']")
+        self.context = context
         self.prompt, self.max_new_tokens, self.blank_every, self.seed = prompt, max_new_tokens, blank_every, seed
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         self.text: str | None = None  # the last sample, for tests and notebooks
@@ -45,13 +51,14 @@ class SampleTextCallback(L.Callback):
         model, was_training = pl_module.model, pl_module.training
         model.eval()
         generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+        context = datamodule.seq_len if self.context == "train" else None
         try:
             if isinstance(model, EncoderMLM):
-                self.text = self._fill_in(model, tokenizer, datamodule, pl_module.device, generator)
+                self.text = self._fill_in(model, tokenizer, datamodule, pl_module.device, generator, context)
             else:
                 ids = prompt_ids(model, tokenizer.encode(self.prompt).ids, tokenizer.token_to_id("<eos>"))
                 prompt = torch.tensor([ids], device=pl_module.device)
-                out = generate(model, prompt, self.max_new_tokens, generator=generator, **self.sampling)
+                out = generate(model, prompt, self.max_new_tokens, generator=generator, context=context, **self.sampling)
                 self.text = tokenizer.decode(out[0].tolist())
         except ValueError as err:  # e.g. a learned position table too short: the run itself went fine
             log.warning("no text sample: %s", err)
@@ -63,11 +70,13 @@ class SampleTextCallback(L.Callback):
             if hasattr(logger, "log_text"):
                 logger.log_text(key="samples/text", columns=["step", "text"], data=[[trainer.global_step, self.text]])
 
-    def _fill_in(self, model: EncoderMLM, tokenizer, datamodule, device: torch.device, generator: torch.Generator) -> str:
+    def _fill_in(
+        self, model: EncoderMLM, tokenizer, datamodule, device: torch.device, generator: torch.Generator, context: int | None
+    ) -> str:
         ids = torch.as_tensor(datamodule.streams["validation"][: self.max_new_tokens].astype("int64"), device=device)[None]
         blanked = ids.clone()
         blanked[:, self.blank_every // 2 :: self.blank_every] = model.mask_token_id
-        filled = fill_masks(model, blanked, generator=generator, **self.sampling)
+        filled = fill_masks(model, blanked, generator=generator, context=context, **self.sampling)
         blanks = (blanked == model.mask_token_id)[0]
         pairs = [f"{tokenizer.decode([int(t)])!r}->{tokenizer.decode([int(f)])!r}" for t, f in zip(ids[0][blanks], filled[0][blanks])]
         return f"{tokenizer.decode(filled[0].tolist())}\n(blanks, true->filled: {', '.join(pairs)})"

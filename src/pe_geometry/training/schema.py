@@ -223,6 +223,7 @@ class SampleSettings(TargetSettings):
     top_p: float | None = what("a fraction in (0, 1] (1 or null: off)", 0.95, gt=0, le=1)
     blank_every: int = what("an integer >= 1", 6, ge=1)
     seed: int = what(f"an integer in [0, {MAX_SEED}]", 0, ge=0, le=MAX_SEED)
+    context: Literal["train", "full"] = what("one of ['train', 'full']", "train")
 
 
 class ThroughputSettings(TargetSettings):
