@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
 import re
 import subprocess
@@ -205,3 +206,17 @@ def test_a_deprecation_inside_a_third_party_package_is_reported_not_raised():
         warnings.warn_explicit("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, "x.py", 1,
                                module="lightning.pytorch.utilities._pytree")
     assert caught == []
+
+
+def test_every_console_script_returns_nothing():
+    """A console script hands its function's return value to ``sys.exit``: a summary dict printed to stderr and exit
+    code 1 after a report that went fine. Each script's function must return None (exit code 0)."""
+    import inspect
+
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        fn = getattr(importlib.import_module(module), function)
+        assert inspect.signature(fn).return_annotation in (None, "None"), f"{name} -> {target} returns a value"

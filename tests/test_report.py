@@ -180,6 +180,12 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
 
     md = (out / "report.md").read_text()
     lines = md.splitlines()
+    # the header names the blocks each hidden-state probe read, as the runs recorded them
+    rule = json.loads((_run(sweep, "learned", 0) / "geometry_tokens.json").read_text())
+    assert f"position probe (R², C6): {rule['position_probe']}; the other hidden-state measures: {rule['probe']}." in md
+    # no folder of this machine: runs by name and folder inside the sweep, then the commands that make it again
+    assert str(sweep.parent) not in md and str(tmp_path) not in md
+    assert "| decoder-learned-s0 | `0_decoder-learned-s0` | decoder | learned | 0 |" in md
     # a table per measure: PE type | init (step 0) | end | chance | ... | n seeds
     i = lines.index("### Mean |cos| between word and position vectors")
     table = [line for line in lines[i:i + 12] if line.startswith("|")]
@@ -205,6 +211,11 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
     assert len(row.split("|")) == len(next(line for line in lines if line.startswith("| measure |")).split("|"))
 
     summary = json.loads((out / "summary.json").read_text())
+    train, report = summary["regenerate"]  # the sweep's own command line (Hydra's multirun.yaml), less the cache path
+    assert train.startswith("pe-train -m experiment=orthogonality pe=learned,rope seed=0,1 logger=csv data=text_files ")
+    assert train.endswith(" hydra.sweep.dir=sweep") and "cache" not in train
+    assert report == "pe-report sweep --out report --pretrained-json minilm.json --multipliers 1 2 40 --max-batches 2"
+    assert summary["source"] == "sweep" and summary["runs"][0]["dir"] == "0_decoder-learned-s0"
     assert set(summary["groups"]) == {"learned", "rope"}
     learned = summary["groups"]["learned"]
     assert learned["seeds"] == [0, 1]
@@ -340,3 +351,223 @@ def test_pretrained_hidden_table_puts_each_measure_beside_its_chance_or_null():
                               "| position_r2 chance / null mean |")
     assert [c.strip() for c in rows["new"][1].strip("|").split("|")] == ["0", "0.3", "0.01", "0.95", "-0.02"]
     assert [c.strip() for c in rows["old"][1].strip("|").split("|")] == ["0", "0.9", "-0.1"]
+
+
+# ----------------------------------------------------------------------------- report text, figures, paths (issue 25)
+# Runs written by hand, as pe-train lays them out (only the files the report reads): fast, no training.
+
+# One short run's overview curves (a 60-step run, 1 layer): its validation loss is a single point, and constrained
+# layout once put the lower-left panel's y-label past the figure's left edge with these values.
+SHORT_RUN = {
+    "val/loss": {59: 4.7204},
+    "train/loss": {9: 5.515, 19: 5.2101, 29: 4.957, 39: 4.7944, 49: 4.7886, 59: 4.7103},
+    "geometry/abs_cos_mean": {0: 0.1435, 20: 0.2288, 40: 0.2916, 60: 0.3025},
+    "geometry/abs_cos_mean_chance": {0: 0.1422, 20: 0.1422, 40: 0.1422, 60: 0.1422},
+    "geometry/abs_cos_mean_null_mean": {0: 0.1423, 20: 0.1426, 40: 0.1426, 60: 0.1426},
+    "geometry/abs_cos_mean_null_std": {0: 0.0077, 20: 0.0127, 40: 0.0216, 60: 0.0235},
+    "geometry/abs_cos_mean_random": {0: 0.144, 20: 0.144, 40: 0.144, 60: 0.144},
+    "geometry/overlap_k8": {0: 0.3105, 20: 0.2962, 40: 0.2967, 60: 0.2968},
+    "geometry/overlap_k8_chance": {0: 0.25, 20: 0.25, 40: 0.25, 60: 0.25},
+    "geometry/overlap_k8_null_mean": {0: 0.2534, 20: 0.2533, 40: 0.2534, 60: 0.2533},
+    "geometry/overlap_k8_null_std": {0: 0.0303, 20: 0.0315, 40: 0.0315, 60: 0.0314},
+    "geometry/var_share_P_in_E_k8": {0: 0.2674, 20: 0.2622, 40: 0.2619, 60: 0.2625},
+    "geometry/var_share_P_in_E_k8_chance": {0: 0.25, 20: 0.25, 40: 0.25, 60: 0.25},
+    "geometry/var_share_P_in_E_k8_null_mean": {0: 0.2536, 20: 0.2507, 40: 0.2506, 60: 0.2504},
+    "geometry/var_share_P_in_E_k8_null_std": {0: 0.036, 20: 0.0385, 40: 0.0382, 60: 0.0382},
+    "geometry/norm_ratio_p_over_e": {0: 35.7476, 20: 32.3558, 40: 28.5529, 60: 27.6078},
+    "geometry/hidden/layer0/position_r2": {0: 0.9995, 60: 0.9995},
+    "geometry/hidden/layer0/position_r2_null_mean": {0: -0.0042, 60: -0.0043},
+    "geometry/hidden/layer0/position_r2_null_std": {0: 0.0047, 60: 0.0047},
+    "geometry/attn/head0/positional_share": {0: 0.75, 60: 0.6},
+}
+TOKENS_RULE = {"word_rows": "the 100 most frequent training tokens (special tokens excluded)",
+               "position_rows": "positions 0..31 (the positions seen in training)",
+               "probe": "the first 8 validation blocks of 32 tokens", "position_probe": "the first 40 validation blocks of 32 tokens",
+               "share_of_training_tokens": 0.99, "tokens": ["e", "t"]}
+
+
+def _fake_run(folder, series: dict[str, dict[int, float]], pe: str = "sinusoidal", seed: int = 0, overrides: list[str] = ()):
+    """A run folder with what the report reads: config.yaml, .hydra/hydra.yaml (choices, overrides), csv/metrics.csv,
+    geometry_tokens.json."""
+    import yaml
+
+    (folder / "csv").mkdir(parents=True)
+    (folder / ".hydra").mkdir()
+    config = {"seed": seed, "run_name": f"decoder-{pe}-s{seed}",
+              "model": {"_target_": "pe_geometry.model.DecoderLM", "d_model": 32, "n_layers": 1, "n_heads": 4},
+              "data": {"seq_len": 32, "batch_size": 8}, "trainer": {"max_steps": 60}, "callbacks": {"geometry": {"every_n_steps": 20}}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    hydra = {"hydra": {"runtime": {"choices": {"pe": pe, "model": "decoder"}},
+                       "overrides": {"hydra": [f"hydra.run.dir={folder}"], "task": [f"pe={pe}", f"seed={seed}", *overrides]}}}
+    (folder / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
+    (folder / "geometry_tokens.json").write_text(json.dumps(TOKENS_RULE))
+    steps = sorted({s for values in series.values() for s in values})
+    with open(folder / "csv" / "metrics.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", *series])
+        writer.writerows([[step, *(values.get(step, "") for values in series.values())] for step in steps])
+
+
+def _fake_sweep(root, pes=("sinusoidal", "learned")):
+    """A sweep folder as `pe-train -m pe=... seed=0` leaves it: multirun.yaml (its command line) and one folder per job."""
+    import yaml
+
+    sweep = root / "sweep"
+    sweep.mkdir()
+    task = [f"pe={','.join(pes)}", "seed=0", "logger=csv", f"paths.cache_dir={root / 'cache'}", "data.corpus.train_files=[a.txt]"]
+    multirun = {"hydra": {"overrides": {"hydra": ["hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep}"], "task": task}}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(multirun))
+    for i, pe in enumerate(pes):
+        _fake_run(sweep / f"{i}_decoder-{pe}-s0", SHORT_RUN, pe=pe)
+    return sweep
+
+
+def _build(source, out, **kw):
+    from pe_geometry.analysis.report import build_report
+
+    return build_report(source, out, extrapolation=False, pretrained=False, verdict=False, **kw)
+
+
+def _figures(monkeypatch) -> list:
+    """Keep every figure the report draws open (plt.close collects it instead), to inspect its artists."""
+    from pe_geometry.analysis.report import figures
+
+    kept = []
+    monkeypatch.setattr(figures.plt, "close", kept.append)
+    return kept
+
+
+def test_one_seed_reads_the_only_seed_not_none_of_1_seeds(tmp_path):
+    """A one-run report says '1 run', 'seed 0', '1 layer' and 'the only seed' (it said 'none of 1 seeds', 'seed(s)')."""
+    run = tmp_path / "run"
+    _fake_run(run, SHORT_RUN)
+    verdict_json = {"step": 60, "n_draws": 2000, "seed": 0,
+                    "figures": {"overlap_k8": 0.3, "overlap_k8_null_mean": 0.25, "overlap_k8_p": 0.4, "overlap_k8_z": 1.0,
+                                "abs_cos_mean": 0.3, "abs_cos_mean_null_mean": 0.14, "abs_cos_mean_p": 0.001, "abs_cos_mean_z": 7.0}}
+    (run / "verdict.json").write_text(json.dumps(verdict_json))  # the verdict reuses it (no checkpoint to re-measure)
+    _build(run, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "1 run in 1 group (sinusoidal: seed 0)" in md and "1 layer × 4 heads" in md
+    def reading(figure: str) -> str:  # the last cell of the verdict row of a figure
+        return next(line for line in md.splitlines() if line.startswith(f"| sinusoidal | {figure}")).split("|")[-2].strip()
+
+    assert reading("top-8 subspace overlap") == "at the null (the only seed has p ≥ 0.05)"
+    assert reading("mean \\|cos\\|") == "above the null in the only seed: more aligned than the null"
+    for wrong in ("1 seeds", "1/1 seeds", "seed(s)", "1 runs", "1 groups", "1 layers"):
+        assert wrong not in md, wrong
+
+
+def test_attention_title_reads_all_position_dependent_terms(tmp_path):
+    from pe_geometry.analysis import metric_names as names
+
+    assert names.describe("positional_share")[0] == "Block 0 attention: score variance from all position-dependent terms"
+    _fake_run(tmp_path / "run", SHORT_RUN)
+    _build(tmp_path / "run", tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "### Block 0 attention: score variance from all position-dependent terms" in md
+    assert "the every" not in md
+
+
+def test_header_states_the_blocks_each_hidden_state_probe_used(tmp_path):
+    """The header once named the 8-block batch as 'the hidden-state probe' while C6 said 128 (a fixed string): both now
+    say what the run's geometry_tokens.json recorded (here 40 blocks for the position probe)."""
+    extra = {"geometry/hidden/layer0/position_r2_p": {0: 0.05, 60: 0.05}, "geometry/hidden/layer0/position_r2_z": {0: 50, 60: 60}}
+    _fake_run(tmp_path / "with_p", {**SHORT_RUN, **extra})
+    _build(tmp_path / "with_p", tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert ("position probe (R², C6): the first 40 validation blocks of 32 tokens; the other hidden-state measures: the first 8 "
+            "validation blocks of 32 tokens.") in md
+    assert "Grouped-CV ridge R² on the first 40 validation blocks of 32 tokens;" in md
+    assert "hidden-state probe: the first 8" not in md and "128 validation blocks" not in md
+
+
+def test_report_names_runs_relative_to_the_sweep_and_how_to_regenerate_it(tmp_path):
+    """No path of this machine in report.md or summary.json: the sweep by its name, each run by its name and folder
+    inside the sweep, the sweep's own command line (less the cache path) and the pe-report line."""
+    sweep = _fake_sweep(tmp_path)
+    summary = _build(sweep, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    saved = (tmp_path / "report" / "summary.json").read_text()
+    for text in (md, saved):
+        assert str(tmp_path) not in text and "/tmp" not in text
+    assert md.startswith("# Positional-encoding geometry report: `sweep`\n")
+    commands = ["pe-train -m pe=sinusoidal,learned seed=0 logger=csv 'data.corpus.train_files=[a.txt]' hydra.sweep.dir=sweep",
+                "pe-report sweep --out report --no-pretrained --no-extrapolation --no-verdict"]
+    assert "```bash\n" + "\n".join(commands) + "\n```" in md
+    assert "experiments/report.py" not in md
+    assert "| decoder-sinusoidal-s0 | `0_decoder-sinusoidal-s0` | decoder | sinusoidal | 0 |" in md
+    assert summary["source"] == "sweep" and summary["regenerate"] == commands
+    assert [(r["name"], r["dir"]) for r in summary["runs"]] == [("decoder-sinusoidal-s0", "0_decoder-sinusoidal-s0"),
+                                                                ("decoder-learned-s0", "1_decoder-learned-s0")]
+
+
+def test_a_single_run_regenerates_with_its_own_overrides(tmp_path):
+    run = tmp_path / "run"
+    _fake_run(run, SHORT_RUN, overrides=["model.d_model=32", f"paths.cache_dir={tmp_path}"])
+    summary = _build(run, run / "report")
+    assert summary["regenerate"] == ["pe-train pe=sinusoidal seed=0 model.d_model=32 hydra.run.dir=run",
+                                     "pe-report run --no-pretrained --no-extrapolation --no-verdict"]
+    assert summary["runs"][0]["dir"] == "."
+
+
+def test_reports_of_the_same_runs_differ_only_in_the_generation_line(tmp_path, monkeypatch):
+    import datetime
+    from types import SimpleNamespace
+
+    from pe_geometry.analysis.report import build
+
+    sweep = _fake_sweep(tmp_path)
+    texts = []
+    for day in (1, 2):
+        when = datetime.datetime(2026, 1, day, 12, 0, 0)
+        monkeypatch.setattr(build, "datetime", SimpleNamespace(datetime=SimpleNamespace(now=lambda when=when: when)))
+        _build(sweep, tmp_path / "report")
+        texts.append(((tmp_path / "report" / "report.md").read_text(), (tmp_path / "report" / "summary.json").read_text()))
+    for first, second in zip(*texts):
+        changed = [(a, b) for a, b in zip(first.splitlines(), second.splitlines()) if a != b]
+        assert len(first.splitlines()) == len(second.splitlines()) and len(changed) == 1
+        assert "2026-01-01T12:00:00" in changed[0][0] and "2026-01-02T12:00:00" in changed[0][1]
+    assert texts[0][0].splitlines()[2].startswith("Generated 2026-01-01T12:00:00 (the only line that changes")
+
+
+def test_a_one_point_loss_curve_is_drawn_with_a_visible_marker(tmp_path, monkeypatch):
+    """A short run's validation loss is one point (and so may its training loss be): a line through one point draws
+    nothing, so each loss panel must mark its points."""
+    from pe_geometry.analysis.report.figures import plot_loss, plot_overview
+    from pe_geometry.analysis.runs import find_runs, group_runs
+
+    _fake_run(tmp_path / "run", {"val/loss": {5: 4.9}, "train/loss": {5: 5.1}, "geometry/abs_cos_mean": {0: 0.1, 5: 0.2}})
+    groups = group_runs(find_runs(tmp_path / "run"))
+    kept = _figures(monkeypatch)
+    assert plot_loss(groups, tmp_path / "loss.png") and plot_overview(groups, tmp_path / "overview.png")
+    loss, overview = kept
+    panels = [*loss.axes[:2], overview.axes[0]]  # training, validation; the overview's loss panel
+    for ax in panels:
+        points = [line for line in ax.get_lines() if len(line.get_xdata()) == 1]
+        assert points, ax.get_title()
+        for line in points:
+            assert line.get_marker() not in (None, "None", "", " ") and line.get_markersize() >= 5, ax.get_title()
+    assert [len(ax.get_lines()) for ax in panels] == [1, 1, 2]  # the overview shows the training loss beside validation
+
+
+def test_every_label_lies_inside_its_figure(tmp_path, monkeypatch):
+    """The overview of a short run once had its lower-left y-label cut by the figure's left edge; every text drawn
+    (labels, titles, legends) must lie inside the figure of every PNG."""
+    import matplotlib.text
+
+    _fake_run(tmp_path / "run", SHORT_RUN)
+    kept = _figures(monkeypatch)
+    summary = _build(tmp_path / "run", tmp_path / "report")
+    assert len(kept) == len(summary["figures"]) > 5
+    for fig in kept:
+        renderer = fig.canvas.get_renderer()
+        ticks = {id(t) for ax in fig.axes for t in ax.get_xticklabels() + ax.get_yticklabels()}  # those off the axis are not drawn
+        box = fig.bbox
+        for text in fig.findobj(matplotlib.text.Text):
+            if text.get_visible() and text.get_text() and id(text) not in ticks:
+                extent = text.get_window_extent(renderer)
+                assert (extent.x0 >= box.x0 - 0.5 and extent.y0 >= box.y0 - 0.5 and extent.x1 <= box.x1 + 0.5
+                        and extent.y1 <= box.y1 + 0.5), (fig.get_suptitle().splitlines()[0], text.get_text())
+        tight = fig.get_tightbbox(renderer)  # inches; what is drawn, tick labels included
+        assert (tight.x0 >= -0.01 and tight.y0 >= -0.01 and tight.x1 <= fig.get_figwidth() + 0.01
+                and tight.y1 <= fig.get_figheight() + 0.01), fig.get_suptitle().splitlines()[0]

@@ -36,13 +36,15 @@ COMPANIONS = {
 }
 # The measure against its null (analysis.nulls.null_summary): parsed like companions, never drawn as lines.
 STATISTICS = ("_null_std", "_z", "_p")
-# The terms of analysis.attention_split (and their positional sum) that the callback logs a share of.
-ATTENTION_TERMS = {"word_word": "word–word", "pos_pos": "position–position", "word_pos": "word–position",
-                   "pos_word": "position–word", "word_bias": "word–bias", "pos_bias": "position–bias",
-                   "bias_bias": "bias–bias", "positional": "every position-dependent"}
+# The terms of analysis.attention_split (and their positional sum) that the callback logs a share of, each as the
+# noun phrase a title puts after "score variance from" (the sum is several terms, not "the ... term").
+ATTENTION_TERMS = {"word_word": "the word–word term", "pos_pos": "the position–position term",
+                   "word_pos": "the word–position term", "pos_word": "the position–word term",
+                   "word_bias": "the word–bias term", "pos_bias": "the position–bias term",
+                   "bias_bias": "the bias–bias term", "positional": "all position-dependent terms"}
 # Older runs also logged the three bias terms as one, and counted a head positional from pos_pos alone:
 # no longer logged, still described for the report of those runs.
-OLD_ATTENTION_TERMS = {"bias": "bias (all three bias terms)"}
+OLD_ATTENTION_TERMS = {"bias": "the bias (all three bias terms) term"}
 
 # (pattern of the measure's last name component, title, y-axis label); {0} = the pattern's first group,
 # {term} = that group spelled out. The order is the order of the measures in the report.
@@ -75,7 +77,7 @@ MEASURES = [
     (r"position_var_share", "Share of hidden-state variance between positions", "variance share (0–1)"),
     (r"overlap_pos_tok_k(\d+)", "Overlap of per-position and per-token mean subspaces (top {0})", "overlap (0 = orthogonal, 1 = nested)"),
     (r"(pos_pos|word_word|word_pos|pos_word|bias|word_bias|pos_bias|bias_bias|positional)_share",
-     "Block 0 attention: score variance from the {term} term",
+     "Block 0 attention: score variance from {term}",
      "share of score variance"),
     (r"n_positional_heads", "Block 0 positional heads (position–position share > 0.5)", "heads"),  # older runs
     (r"n_positional_heads_all_terms", "Block 0 positional heads (share of every position-dependent term > 0.5)", "heads"),

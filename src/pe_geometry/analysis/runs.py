@@ -5,12 +5,14 @@ run adds a metrics file per resume, ``csv/resume-step<N>/metrics.csv``; ``read_r
 (runs with scaled embeddings, and each control arm of ``ARM_SWITCHES``, form their own group),
 and ``measure_summary`` gives a measure's
 value at initialisation and at the end, mean and spread over seeds, with its baselines.
+``launches`` gives the ``pe-train`` command lines that made the runs (one per sweep, or per single run).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +64,11 @@ class Run:
     @property
     def group(self) -> tuple[str, str]:
         return self.model, self.pe
+
+    @property
+    def name(self) -> str:
+        """The run's name (configs/train.yaml's run_name, also its W&B name); the folder's name for runs without one."""
+        return str(self.config.get("run_name") or self.path.name)
 
 
 @dataclass
@@ -264,3 +271,56 @@ def geometry_families(runs: list[Run]) -> dict[str, list[MetricName]]:
     for members in families.values():
         members.sort(key=lambda m: (m.index is None, m.index or 0))
     return dict(sorted(families.items(), key=lambda kv: (SECTIONS.index(kv[1][0].section), measure_order(kv[1][0].measure), kv[0])))
+
+
+# ----------------------------------------------------------------------------- the commands that made the runs
+
+MULTIRUN_FILE = "multirun.yaml"  # Hydra writes it into a sweep's folder as the sweep starts: its command line as typed
+# Overrides left out of a command that regenerates runs: where the data cache lives is this machine's business (and
+# an absolute path), -m stands for hydra.mode, and the output folder is set by the command itself.
+LOCAL_OVERRIDES = ("paths.cache_dir", "data.cache_dir", "hydra.mode", "hydra.sweep.dir", "hydra.run.dir")
+
+
+@dataclass
+class Launch:
+    """One ``pe-train`` command line: a sweep (``-m``, folder = the sweep's folder) or a single run (folder = the run)."""
+
+    folder: Path
+    overrides: list[str]
+    multirun: bool
+
+    def command(self, out_dir: str) -> str:
+        """``pe-train [-m] <overrides> hydra.<sweep|run>.dir=<out_dir>``: shell-quoted, the output folder named."""
+        kept = [o for o in self.overrides if o.lstrip("+~").split("=", 1)[0] not in LOCAL_OVERRIDES]
+        folder_key = "hydra.sweep.dir" if self.multirun else "hydra.run.dir"
+        words = ["pe-train", *(["-m"] if self.multirun else []), *kept, f"{folder_key}={out_dir}"]
+        return " ".join(shlex.quote(w) for w in words)
+
+
+def _yaml_overrides(path: Path) -> dict | None:
+    """hydra.overrides ({hydra: [...], task: [...]}) of a multirun.yaml or .hydra/hydra.yaml; None if unreadable."""
+    try:
+        overrides = (yaml.safe_load(path.read_text()) or {})["hydra"]["overrides"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+    return overrides if isinstance(overrides, dict) else None
+
+
+def launches(root: Path, runs: list[Run]) -> list[Launch]:
+    """The commands that made ``runs`` (all below ``root``): one per sweep folder, whose multirun.yaml holds the sweep's
+    own command line (the swept values as typed, the launcher); one per run outside any sweep, from its
+    .hydra/hydra.yaml. A run with neither (copied without its Hydra files) has none. Sorted by folder."""
+    found: dict[Path, Launch] = {}
+    for run in sorted(runs, key=lambda r: str(r.path)):
+        sweep = next((d for d in (run.path, *run.path.parents) if (d / MULTIRUN_FILE).is_file()
+                      and (d == root or root in d.parents)), None)
+        if sweep is not None and sweep not in found:
+            overrides = _yaml_overrides(sweep / MULTIRUN_FILE)
+            if overrides is not None:
+                found[sweep] = Launch(sweep, [*(overrides.get("task") or []), *(overrides.get("hydra") or [])], True)
+        elif sweep is None:
+            overrides = _yaml_overrides(run.path / ".hydra" / "hydra.yaml")
+            if overrides is not None:
+                found[run.path] = Launch(run.path, [*(overrides.get("task") or []), *(overrides.get("hydra") or [])], False)
+    return list(found.values())
+

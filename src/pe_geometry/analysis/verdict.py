@@ -192,8 +192,9 @@ def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = Tru
 def reading(v: dict, toward: str = "separated", away: str = "more aligned than the null") -> str:
     """Plain words for one verdict: where the seeds sit against the null, and which way that points."""
     n, k = v["n_seeds"], v["n_significant_same_side"]
-    if k == 0:
-        return f"at the null (none of {n} seeds has p < {SIGNIFICANCE})"
+    if k == 0:  # one seed is "the only seed", not "none of 1 seeds"
+        return f"at the null ({'the only seed has p ≥' if n == 1 else f'none of {n} seeds has p <'} {SIGNIFICANCE})"
     side = "below" if v["direction"] == "less" else "above"
+    seeds = "in the only seed" if n == 1 else f"in {k}/{n} seeds"
     consistency = "" if k == n else " (not in every seed)"
-    return f"{side} the null in {k}/{n} seeds: {toward if v['direction'] == v['separation_side'] else away}{consistency}"
+    return f"{side} the null {seeds}: {toward if v['direction'] == v['separation_side'] else away}{consistency}"

@@ -35,5 +35,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     return results
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script ``pe-extrapolate``. ``main`` returns its result to a caller; a console script would hand that
+    to ``sys.exit``, which prints it and exits with 1, so this returns nothing (exit code 0)."""
     main()
+
+
+if __name__ == "__main__":
+    cli()

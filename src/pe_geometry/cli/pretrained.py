@@ -98,5 +98,11 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script ``pe-pretrained``. ``main`` returns its result to a caller; a console script would hand that
+    to ``sys.exit``, which prints it and exits with 1, so this returns nothing (exit code 0)."""
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -20,6 +20,11 @@ Reads every run below the given directory (a run = a folder with ``config.yaml``
   validation loss, length extrapolation, and the pretrained MiniLM checkpoint's figures
   (analysis/pretrained.py) beside the trained models' input-level figures;
 - ``summary.json``: every number in the tables.
+
+Both name the runs by their run names and their folders relative to the folder given, and hold the
+commands that regenerate it (the ``pe-train`` line of each sweep or run, as they recorded it, then this
+``pe-report`` line), so a report is the same on any machine; one line, the generation date, changes
+when the same runs are reported again.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import shlex
 from pathlib import Path
 
 from pe_geometry.analysis.metric_names import TRAIN_LOSS, VAL_LOSS
@@ -34,11 +40,22 @@ from pe_geometry.analysis.nulls import REPORT_DRAWS
 from pe_geometry.analysis.report.figures import figure_name, plot_extrapolation, plot_family, plot_loss, plot_overview
 from pe_geometry.analysis.report.markdown import ReportData, write_markdown
 from pe_geometry.analysis.report.tables import NA
-from pe_geometry.analysis.runs import EXTRAPOLATION_FILE, Group, Run, find_runs, geometry_families, group_runs, measure_summary, stats
+from pe_geometry.analysis.runs import (
+    EXTRAPOLATION_FILE,
+    Group,
+    Run,
+    find_runs,
+    geometry_families,
+    group_runs,
+    launches,
+    measure_summary,
+    stats,
+)
 from pe_geometry.analysis.verdict import group_verdict
 from pe_geometry.data.cache import atomic_write_text
 
 log = logging.getLogger("report")
+MULTIPLIERS, MAX_BATCHES = (1, 2, 4), 8  # pe-report's defaults: its command line in the report names only other values
 
 
 def run_extrapolation(runs: list[Run], multipliers: list[int], max_batches: int, compute: bool) -> None:
@@ -97,10 +114,59 @@ def extrapolation_table(groups: list[Group], multipliers: list[int]) -> dict:
     return table
 
 
+def shown_path(path: Path) -> str:
+    """A path as the report names it: relative as given, or relative to the current folder when below it; else only
+    its name, since an absolute path names a folder only this machine has."""
+    if not path.is_absolute():
+        return path.as_posix()
+    try:
+        return path.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return path.name
+
+
+def run_folder(run: Run, source: Path) -> str:
+    """A run's folder relative to the folder the report reads ('.' when that folder is the run)."""
+    return run.path.relative_to(source).as_posix()
+
+
+def report_command(name: str, source: Path, out: Path, pretrained_json: Path | None, extrapolation: bool, pretrained: bool,
+                   multipliers: list[int], max_batches: int, verdict: bool, null_draws: int) -> str:
+    """The pe-report command line that writes this report again, with every option that changes what it holds."""
+    words = ["pe-report", name]
+    if out != source / "report":
+        words += ["--out", shown_path(out)]
+    if not pretrained:
+        words.append("--no-pretrained")
+    elif pretrained_json is not None:
+        words += ["--pretrained-json", shown_path(pretrained_json)]
+    if not extrapolation:
+        words.append("--no-extrapolation")
+    if multipliers != sorted(MULTIPLIERS):
+        words += ["--multipliers", *map(str, multipliers)]
+    if max_batches != MAX_BATCHES:
+        words += ["--max-batches", str(max_batches)]
+    if not verdict:
+        words.append("--no-verdict")
+    if null_draws != REPORT_DRAWS:
+        words += ["--null-draws", str(null_draws)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def regenerate_commands(runs: list[Run], source: Path, name: str, pe_report: str) -> list[str]:
+    """The commands that rebuild the report's folder from nothing: each sweep (or run) as it was launched, writing to
+    the same folder below ``name`` as before, then the report."""
+    commands = []
+    for launch in launches(source, runs):
+        relative = launch.folder.relative_to(source).as_posix()
+        commands.append(launch.command(name if relative == "." else f"{name}/{relative}"))
+    return commands + [pe_report]
+
+
 def load_pretrained(path: Path | None, out_dir: Path) -> tuple[dict | None, str]:
     """The MiniLM analysis: from --pretrained-json if that file exists, else computed (and saved there and in out_dir)."""
     if path is not None and path.is_file():
-        return json.loads(path.read_text()), f"read from {path}"
+        return json.loads(path.read_text()), f"read from {shown_path(path)}"
     try:
         from pe_geometry.analysis.pretrained import analyse
 
@@ -122,8 +188,8 @@ def build_report(
     pretrained_json: Path | None = None,
     extrapolation: bool = True,
     pretrained: bool = True,
-    multipliers: tuple[int, ...] = (1, 2, 4),
-    max_batches: int = 8,
+    multipliers: tuple[int, ...] = MULTIPLIERS,
+    max_batches: int = MAX_BATCHES,
     verdict: bool = True,
     null_draws: int = REPORT_DRAWS,
 ) -> dict:
@@ -166,16 +232,22 @@ def build_report(
         if path.is_file():
             tokens_rule = {k: v for k, v in json.loads(path.read_text()).items() if k != "tokens"}
             break
-    data = ReportData(source=str(source), generated=datetime.datetime.now().isoformat(timespec="seconds"), groups=groups,
+    # The folder is named by its own name only, the runs relative to it: the report reads the same on any machine.
+    folder_name = source.resolve().name
+    command = report_command(folder_name, source, out, pretrained_json, extrapolation, pretrained, multipliers, max_batches, verdict,
+                             null_draws)
+    data = ReportData(source=folder_name, generated=datetime.datetime.now().isoformat(timespec="seconds"), groups=groups,
                       families=families, summaries=summaries, figures=figures, extrapolation=ext_table,
                       multipliers=multipliers, pretrained=pre, pretrained_source=pre_source, tokens_rule=tokens_rule,
-                      verdicts=verdicts)
+                      verdicts=verdicts, run_folders={r.path: run_folder(r, source) for r in runs},
+                      commands=regenerate_commands(runs, source, folder_name, command))
     atomic_write_text(out / "report.md", write_markdown(data))
 
     summary = {
-        "source": str(source),
+        "source": folder_name,
         "generated": data.generated,
-        "runs": [{"dir": str(r.path), "model": r.model, "pe": r.pe, "seed": r.seed,
+        "regenerate": data.commands,
+        "runs": [{"name": r.name, "dir": run_folder(r, source), "model": r.model, "pe": r.pe, "seed": r.seed,
                   "final_step": int(max((s[-1] for s, _ in r.series.values() if len(s)), default=0))} for r in runs],
         "groups": {
             g.label: {

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from pe_geometry.analysis import metric_names as names  # noqa: E402
-from pe_geometry.analysis.metric_names import COMPANIONS, MetricName  # noqa: E402
+from pe_geometry.analysis.metric_names import COMPANIONS, TRAIN_LOSS, VAL_LOSS, MetricName  # noqa: E402
 from pe_geometry.analysis.report.tables import NA, fmt  # noqa: E402
 from pe_geometry.analysis.runs import Group, aggregate, n_layers_of  # noqa: E402
 
@@ -58,15 +58,30 @@ def smooth(values: np.ndarray, span: float) -> np.ndarray:
     return out
 
 
+def point_style(n_points: int) -> dict:
+    """Marker settings for a line through n_points: a sparse line shows its points, and a line through one or two
+    points (a short run's only validation, its only logged training loss) draws little or nothing without a marker
+    big enough to see."""
+    if n_points >= 30:
+        return {"marker": None}
+    return {"marker": "o", "ms": 6 if n_points <= 2 else 3}
+
+
 def _plot_group_line(ax, group: Group, key: str, label: str | None) -> bool:
     agg = aggregate([r.series[key] for r in group.runs if key in r.series])
     if agg is None:
         return False
     steps, mean, lo, hi = agg
-    ax.plot(steps, mean, group.style, color=group.color, lw=1.8, label=label, marker="o" if len(steps) < 30 else None, ms=3)
+    ax.plot(steps, mean, group.style, color=group.color, lw=1.8, label=label, **point_style(len(steps)))
     if len(group.runs) > 1:
         ax.fill_between(steps, lo, hi, color=group.color, alpha=0.15, lw=0)
     return True
+
+
+def _train_loss(group: Group):
+    """(steps, mean, min, max) over seeds of the training loss, each seed smoothed (EMA over ~1/12 of its points)."""
+    train = [r.series[TRAIN_LOSS] for r in group.runs if TRAIN_LOSS in r.series]
+    return aggregate([(s, smooth(v, max(1.0, len(v) / 12))) for s, v in train])
 
 
 def _plot_baseline(ax, groups: list[Group], key: str, suffix: str):
@@ -90,7 +105,8 @@ def _plot_baseline(ax, groups: list[Group], key: str, suffix: str):
         if suffix == "_null_mean" and spread is not None and len(spread[0]) == len(steps):  # the null's ±2 std band
             ax.fill_between(steps, mean - 2 * spread[1], mean + 2 * spread[1], color=g.color, alpha=0.08, lw=0, zorder=0)
     note = " ± 2 std band" if suffix == "_null_mean" else ""
-    return Line2D([], [], color="black", ls=style, lw=1.0, label=f"{text}{note} (each PE type, its colour)")
+    # wrapped: a legend wider than its panel pushes the layout (and once pushed a y-label off the figure)
+    return Line2D([], [], color="black", ls=style, lw=1.0, label=textwrap.fill(f"{text}{note} (each PE type, its colour)", 56))
 
 
 def _baselines(ax, groups: list[Group], key: str) -> None:
@@ -113,20 +129,36 @@ def _grid(n: int) -> tuple[int, int]:
     return math.ceil(n / ncols), ncols
 
 
+def overhang(fig) -> float:
+    """How far (inches) anything drawn reaches past the figure's edges: 0 when every label lies inside."""
+    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    return max(0.0, -box.x0, -box.y0, box.x1 - fig.get_figwidth(), box.y1 - fig.get_figheight())
+
+
 def _finish(fig, path: Path, groups: list[Group]) -> None:
     """One figure legend for the PE types (colour) and model layouts (line style); save; close."""
     handles = [Line2D([], [], color=g.color, ls=g.style, lw=2, label=g.label) for g in groups]
     if handles:
         title = "PE type" if len({g.model for g in groups}) == 1 else "model / PE type"
         fig.legend(handles=handles, loc="outside right upper", frameon=False, title=title)
-    fig.savefig(path)
+    # Constrained layout sizes the axes from the tick labels it finds before resizing them; the resized axes can get
+    # longer tick labels (0.30 -> 0.325) that push a y-label past the edge. Each draw lays out again with the ticks of
+    # the last one, which settles in a draw or two. Should anything still stick out, the PNG grows to hold it.
+    for _ in range(3):
+        fig.canvas.draw()
+        if overhang(fig) <= 0.01:
+            break
+    fig.savefig(path, bbox_inches="tight" if overhang(fig) > 0.01 else None)
     plt.close(fig)
 
 
 def _band_note(groups: list[Group]) -> str:
     seeds = sorted({len(g.runs) for g in groups})
-    n = "/".join(str(s) for s in seeds)
-    return f"line: mean over {n} seed(s); band: min–max over seeds"
+    if seeds == [1]:
+        return "one seed per PE type: its line (no band over seeds)"
+    if len(seeds) == 1:
+        return f"line: mean over {seeds[0]} seeds; band: min–max over seeds"
+    return f"line: mean over each PE type's seeds ({'/'.join(map(str, seeds))}); band: min–max over seeds"
 
 
 def plot_family(family: str, members: list[MetricName], groups: list[Group], path: Path) -> bool:
@@ -158,31 +190,45 @@ def plot_family(family: str, members: list[MetricName], groups: list[Group], pat
 
 
 def plot_loss(groups: list[Group], path: Path) -> bool:
-    if not any("train/loss" in r.series or "val/loss" in r.series for g in groups for r in g.runs):
+    """Training loss (smoothed) and validation loss per group, side by side on one step axis."""
+    if not any(TRAIN_LOSS in r.series or VAL_LOSS in r.series for g in groups for r in g.runs):
         return False
     with plt.rc_context(STYLE):
-        fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11.5, 4.2), layout="constrained", sharey=True)
+        # one step axis: a short run's single validation point sits where it was taken, beside the training curve
+        fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11.5, 4.2), layout="constrained", sharey=True, sharex=True)
         for g in groups:
-            train = [r.series["train/loss"] for r in g.runs if "train/loss" in r.series]
-            smoothed = [(s, smooth(v, max(1.0, len(v) / 12))) for s, v in train]
-            agg = aggregate(smoothed)
+            agg = _train_loss(g)
             if agg is not None:
                 steps, mean, lo, hi = agg
-                ax_train.plot(steps, mean, g.style, color=g.color, lw=1.8, label=g.label)
+                ax_train.plot(steps, mean, g.style, color=g.color, lw=1.8, label=g.label, **point_style(len(steps)))
                 ax_train.fill_between(steps, lo, hi, color=g.color, alpha=0.15, lw=0)
-            agg = aggregate([r.series["val/loss"] for r in g.runs if "val/loss" in r.series])
-            if agg is not None:
-                steps, mean, lo, hi = agg
-                ax_val.plot(steps, mean, g.style, color=g.color, lw=1.8, marker="o", ms=4, label=g.label)
-                ax_val.fill_between(steps, lo, hi, color=g.color, alpha=0.15, lw=0)
+            _plot_group_line(ax_val, g, VAL_LOSS, g.label)
         ax_train.set_title("training loss (exponential moving average)")
         ax_val.set_title("validation loss")
         for ax in (ax_train, ax_val):
             ax.set_xlabel("training step")
+            ax.set_xlim(left=0)
         ax_train.set_ylabel("cross-entropy (nats / token)")
         fig.suptitle(f"Loss per PE type\n{_band_note(groups)}")
         _finish(fig, path, groups)
     return True
+
+
+def _plot_loss_panel(ax, groups: list[Group]) -> None:
+    """The overview's loss panel: each group's smoothed training loss (thin) and validation loss (dots), so a run with
+    one validation still shows how its loss went."""
+    for g in groups:
+        agg = _train_loss(g)
+        if agg is not None:
+            steps, mean, _, _ = agg
+            ax.plot(steps, mean, g.style, color=g.color, lw=1.0, alpha=0.6, **point_style(len(steps)))
+        _plot_group_line(ax, g, VAL_LOSS, g.label)
+    ax.set_title("loss", fontsize=9.5)
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_xlim(left=0)
+    handles = [Line2D([], [], color="black", lw=1.0, alpha=0.6, label="training (moving average)"),
+               Line2D([], [], color="black", lw=1.8, marker="o", ms=3, label="validation")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7, frameon=False)
 
 
 def _or_older(key: str, logged: set[str]) -> str:
@@ -197,7 +243,7 @@ def plot_overview(groups: list[Group], path: Path) -> bool:
     n_layers = max((n_layers_of(g) or 0) for g in groups)
     logged = {k for g in groups for r in g.runs for k in r.series}
     keys = [k for k in (_or_older(k, logged) for k in overview_keys(n_layers)) if k in logged]
-    panels = ["val/loss", *keys] if any("val/loss" in r.series for g in groups for r in g.runs) else keys
+    panels = [VAL_LOSS, *keys] if VAL_LOSS in logged or TRAIN_LOSS in logged else keys
     if not panels:
         return False
     rows, cols = _grid(len(panels))
@@ -207,12 +253,11 @@ def plot_overview(groups: list[Group], path: Path) -> bool:
             ax.set_visible(False)
         for ax, key in zip(axes.flat, panels):
             present = [g for g in groups if any(key in r.series for r in g.runs)]
-            for g in present:
-                _plot_group_line(ax, g, key, g.label)
-            if key == "val/loss":
-                ax.set_title("validation loss")
-                ax.set_ylabel("cross-entropy (nats / token)")
+            if key == VAL_LOSS:
+                _plot_loss_panel(ax, groups)
             else:
+                for g in present:
+                    _plot_group_line(ax, g, key, g.label)
                 name = names.parse(key)
                 title, ylabel = names.describe(name.measure)
                 title = textwrap.fill(title, 48)
@@ -236,7 +281,7 @@ def plot_extrapolation(groups: list[Group], table: dict, path: Path) -> bool:
     seq_lens = {g["train_seq_len"] for g in table.values() if g.get("train_seq_len")}
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(8.5, 4.4), layout="constrained")
-        offsets = np.linspace(-0.04, 0.04, max(1, len(groups)))
+        offsets = np.linspace(-0.04, 0.04, len(groups)) if len(groups) > 1 else [0.0]  # side by side; one group on its tick
         n_missing = 0
         for offset, g in zip(offsets, groups):
             entry = table.get(g.label)
@@ -273,7 +318,8 @@ def plot_extrapolation(groups: list[Group], table: dict, path: Path) -> bool:
         ax.set_ylabel("validation cross-entropy (nats / token)")
         n_tokens = {g.get("n_target_tokens") for g in table.values()}
         same = f"the same {next(iter(n_tokens)):,} target tokens at every length; " if len(n_tokens) == 1 else ""
-        ax.set_title(f"Length extrapolation: validation loss on longer blocks\n{same}mean over seeds, bars: min–max")
+        spread = "one seed per PE type" if all(len(g.runs) == 1 for g in groups) else "mean over seeds, bars: min–max"
+        ax.set_title(f"Length extrapolation: validation loss on longer blocks\n{same}{spread}")
         _finish(fig, path, [g for g in groups if g.label in table])
     return True
 

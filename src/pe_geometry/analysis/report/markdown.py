@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -11,7 +12,7 @@ from pe_geometry.analysis import metric_names as names
 from pe_geometry.analysis import verdict
 from pe_geometry.analysis.metric_names import MetricName
 from pe_geometry.analysis.report.figures import figure_name
-from pe_geometry.analysis.report.tables import NA, fmt, fmt_stats, md_table, measure_rows
+from pe_geometry.analysis.report.tables import NA, count, fmt, fmt_stats, md_table, measure_rows, seed_list
 from pe_geometry.analysis.runs import Group, Run, n_layers_of, stats
 
 PRETRAINED_INPUT_ROWS = ["cos_mean", "cos_std", "abs_cos_mean", "abs_cos_over_chance", "angle_mean_deg", "angle_std_deg",
@@ -34,6 +35,8 @@ class ReportData:
     pretrained_source: str
     tokens_rule: dict | None
     verdicts: list[dict] | None = None  # analysis.verdict.group_verdict per group (None: not computed)
+    run_folders: dict[Path, str] = field(default_factory=dict)  # run.path -> its folder relative to the report's source
+    commands: list[str] = field(default_factory=list)  # the commands that regenerate the report's folder, in order
 
     @property
     def runs(self) -> list[Run]:
@@ -46,8 +49,14 @@ def write_markdown(data: ReportData) -> str:
     return "\n".join(line for section in sections for line in section(data))
 
 
+def one_seed_each(groups: list[Group]) -> bool:
+    """True when every group has a single run: no mean over seeds, no band, no spread to speak of."""
+    return all(len(g.runs) == 1 for g in groups)
+
+
 def header_section(data: ReportData) -> list[str]:
-    """Title, setup of the first run, what the word rows and probes are, how to read the figures."""
+    """Title, generation date, the commands that regenerate the folder, setup of the first run, what the word rows and
+    probes are, how to read the figures."""
     groups = data.groups
     runs = data.runs
     cfg = runs[0].config
@@ -56,20 +65,44 @@ def header_section(data: ReportData) -> list[str]:
     cadence = (f"geometry every {geometry_cfg.get('every_n_steps', '?')} steps from step 0 (initialisation)" if geometry_cfg
                else "no geometry callback")
     lines = [f"# Positional-encoding geometry report: `{data.source}`", ""]
-    lines += [f"Generated {data.generated} by `pe-report`. {len(runs)} runs in {len(groups)} groups "
-              f"({', '.join(f'{g.label}: seeds {g.seeds}' for g in groups)}).", ""]
+    # The one line that changes when the same runs are reported again: everything else is a function of the runs.
+    lines += [f"Generated {data.generated} (the only line that changes when the same runs are reported again).", ""]
+    lines += [f"{count(len(runs), 'run')} in {count(len(groups), 'group')} "
+              f"({'; '.join(f'{g.label}: {seed_list(g.seeds)}' for g in groups)}).", ""]
+    lines += regenerate_lines(data.commands)
     lines += [f"Setup (first run): `{m.get('_target_', '?').rsplit('.', 1)[-1]}`, d_model {m.get('d_model')}, "
-              f"{m.get('n_layers')} layers × {m.get('n_heads')} heads, seq_len {d.get('seq_len')}, batch {d.get('batch_size')}, "
-              f"{t.get('max_steps')} steps; {cadence}.", ""]
+              f"{count(m.get('n_layers'), 'layer')} × {count(m.get('n_heads'), 'head')}, seq_len {d.get('seq_len')}, "
+              f"batch {d.get('batch_size')}, {count(t.get('max_steps'), 'step')}; {cadence}.", ""]
     if data.tokens_rule:
         rule = data.tokens_rule
+        if rule.get("position_probe"):  # the powered probe (C6) and the smaller batch the other hidden-state measures use
+            hidden = (f"position probe (R², C6): {rule['position_probe']}; the other hidden-state measures: "
+                      f"{rule.get('probe')}")
+        else:  # runs from before the powered probe: one probe batch for every hidden-state measure
+            hidden = f"hidden-state probe: {rule.get('probe')}"
         lines += [f"Input-level word rows: {rule.get('word_rows')} (covering {rule.get('share_of_training_tokens', 0):.1%} of the "
-                  f"training tokens); position rows: {rule.get('position_rows')}; hidden-state probe: {rule.get('probe')}.", ""]
-    lines += ["Every figure: one line per PE type = mean over seeds, shaded band = min–max over seeds; black dashed = chance, "
-              "dotted = Gaussian matrices of the same shapes, dash-dot = positions shuffled. Tables: mean ± std over seeds "
-              "(sample std).", ""]
+                  f"training tokens); position rows: {rule.get('position_rows')}; {hidden}.", ""]
+    if one_seed_each(groups):
+        lines += ["Every figure: one line per PE type (one seed each, so no band); black dashed = chance, dotted = Gaussian "
+                  "matrices of the same shapes, dash-dot = positions shuffled. Tables: each group's only seed.", ""]
+    else:
+        lines += ["Every figure: one line per PE type = mean over seeds, shaded band = min–max over seeds; black dashed = "
+                  "chance, dotted = Gaussian matrices of the same shapes, dash-dot = positions shuffled. Tables: mean ± std "
+                  "over seeds (sample std).", ""]
     lines += ["![overview](overview.png)", ""] if "overview.png" in data.figures else []
     return lines
+
+
+def regenerate_lines(commands: list[str]) -> list[str]:
+    """The commands that make the report's folder again: each sweep (or run) as it was launched, then pe-report."""
+    if not commands:
+        return []
+    if len(commands) == 1:  # the runs kept no Hydra files (multirun.yaml, .hydra/): only the report's own command
+        intro = "Made by the command below; the runs recorded no command line (no `multirun.yaml` or `.hydra/` in them)."
+    else:
+        intro = ("To make this folder again, run these in the folder that should hold it (each `pe-train` line is a sweep "
+                 "or run as its folder recorded it; machine-local cache paths left out):")
+    return [intro, "", "```bash", *commands, "```", ""]
 
 
 def _p_list(ps: list[float]) -> str:
@@ -80,16 +113,23 @@ def verdict_section(data: ReportData) -> list[str]:
     """The one-page answer: each arm's headline figures against their nulls, per seed and over seeds."""
     if not data.verdicts:
         return []
-    return ["## Verdict", ""] + verdict_tables(data.verdicts)
+    return ["## Verdict", ""] + verdict_tables(data.verdicts, position_probe=(data.tokens_rule or {}).get("position_probe"))
 
 
-def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, heading: str = "###") -> list[str]:
-    """Markdown tables of analysis.verdict.group_verdict results (input figures limited to ``figures`` if given)."""
+def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, heading: str = "###",
+                   position_probe: str | None = None) -> list[str]:
+    """Markdown tables of analysis.verdict.group_verdict results (input figures limited to ``figures`` if given);
+    ``position_probe`` says which blocks the position probe read (geometry_tokens.json's rule), if known."""
     n_draws = verdicts[0].get("n_draws")
+    if all(len(v["seeds"]) == 1 for v in verdicts):
+        over_seeds = ("Effect = observed − null mean. One seed per arm: no seed spread, Fisher p is that seed's p, and the "
+                      f"reading asks whether it is below {verdict.SIGNIFICANCE}.")
+    else:
+        over_seeds = ("Effect = observed − null mean, mean ± std over seeds (the seed spread). Fisher p combines the seeds' "
+                      f"p-values (is any seed off its null); the reading counts seeds with p < {verdict.SIGNIFICANCE} on the "
+                      "side of the mean effect.")
     lines = [f"Final weights of every run against the spectra-keeping null ({n_draws} Haar rotations of P relative to E; "
-             f"two-sided p per seed, floor 2/(draws + 1) = {fmt(2 / (n_draws + 1), 2)}). Effect = observed − null mean, "
-             "mean ± std over seeds (the seed spread). Fisher p combines the seeds' p-values (is any seed off its null); "
-             f"the reading counts seeds with p < {verdict.SIGNIFICANCE} on the side of the mean effect. "
+             f"two-sided p per seed, floor 2/(draws + 1) = {fmt(2 / (n_draws + 1), 2)}). {over_seeds} "
              "Step 0 = the logged value at initialisation.", ""]
     rows = []
     for v in verdicts:
@@ -114,7 +154,8 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
                          verdict.reading(f, toward="position readable", away="below the null")])
     if rows:
         lines += [f"{heading} C6: position inside each token's vector (hidden states, input of the last block)", "",
-                  "Grouped-CV ridge R² on 128 validation blocks; null = each block's positions shifted cyclically; "
+                  f"Grouped-CV ridge R² on {position_probe or 'the validation blocks the runs logged'}; "
+                  "null = each block's positions shifted cyclically; "
                   "p from the shifts the log recorded (its floor is 2/(shifts + 1), so read z too).", ""]
         lines += md_table(["arm", "block", "step 0", "end", "null mean", "p per seed", "z per seed", "Fisher p", "reading"], rows)
     rows = [[v["label"], fmt_stats(h["init"]), fmt_stats(h["end"]), fmt_stats(h.get("positional_share_init")),
@@ -275,12 +316,11 @@ def geometry_sections(data: ReportData) -> list[str]:
 
 
 def files_section(data: ReportData) -> list[str]:
-    """Links to every figure, summary.json and the runs read."""
-    runs = data.runs
+    """Links to every figure, summary.json and the runs read (by name and folder, relative to the report's source)."""
     lines = ["## Files", "", "Figures: " + ", ".join(f"[{f}]({f})" for f in data.figures), "",
-              "Numbers: [summary.json](summary.json). Runs:", ""]
-    lines += [f"- `{r.path}` ({r.model}, {r.pe}, seed {r.seed})" for r in runs] + [""]
-    return lines
+             f"Numbers: [summary.json](summary.json). Runs (folders relative to `{data.source}`):", ""]
+    rows = [[r.name, f"`{data.run_folders.get(r.path, r.path.name)}`", r.model, r.pe, str(r.seed)] for r in data.runs]
+    return lines + md_table(["run", "folder", "model", "PE type", "seed"], rows)
 
 
 def pretrained_section(data: ReportData) -> list[str]:

@@ -11,6 +11,16 @@ from pe_geometry.analysis.runs import Group
 NA = "n/a"  # what analysis.extrapolation writes for a length a model cannot take
 
 
+def count(n, noun: str, plural: str | None = None) -> str:
+    """'1 seed', '3 seeds': a number and its noun, singular for one (plural for anything else, '?' say)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def seed_list(seeds: list[int]) -> str:
+    """'seed 0', 'seeds 0, 1, 2'."""
+    return f"{'seed' if len(seeds) == 1 else 'seeds'} {', '.join(map(str, seeds))}"
+
+
 def fmt(value, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
