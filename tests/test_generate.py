@@ -319,7 +319,7 @@ def test_cli_reads_at_most_the_training_length_unless_context_full(trained_runs,
 
     windowed = cli("max_new_tokens=600")
     assert windowed.returncode == 0, windowed.stderr[-2000:]
-    assert "context=16: each token is drawn from the last 16 tokens (the training length)" in windowed.stderr
+    assert "context=train: each token is drawn from the last 16 tokens (the training length)" in windowed.stderr
     full = cli("max_new_tokens=40", "context=full")
     assert full.returncode == 0, full.stderr[-2000:]
     assert "context=full: the model was trained on 16 tokens and reads all 40 here" in full.stderr

@@ -59,12 +59,14 @@ def resolve_context(value: object, seq_len: int) -> int | None:
 def context_line(context: int | None, seq_len: int, text_len: int) -> str | None:
     """One line telling the user how far the model reads, when that matters for this text (else None)."""
     if context is None and text_len > seq_len:
-        return (f"context=full: the model was trained on {seq_len} tokens and reads all {text_len} here "
-                f"(positions past {seq_len} are extrapolation)")
+        return (
+            f"context=full: the model was trained on {seq_len} tokens and reads all {text_len} here "
+            f"(positions past {seq_len} are extrapolation)"
+        )
     if context is not None and text_len > context:
-        trained = "the training length" if context == seq_len else f"trained on {seq_len}"
-        return (f"context={context}: each token is drawn from the last {context} tokens ({trained}); "
-                f"context=full reads the whole text")
+        setting = "context=train" if context == seq_len else f"context={context}"
+        trained = "the training length" if context == seq_len else f"the model was trained on {seq_len}"
+        return f"{setting}: each token is drawn from the last {context} tokens ({trained}); context=full reads the whole text"
     return None
 
 
