@@ -326,3 +326,22 @@ def test_cli_reads_at_most_the_training_length_unless_context_full(trained_runs,
     short = cli("max_new_tokens=8")
     assert "context=" not in short.stderr  # nothing to say when the text fits the training length
     assert windowed.stdout[:60] == cli("max_new_tokens=600", "context=16").stdout[:60]  # train = its seq_len
+
+
+def test_the_end_of_training_sample_reads_through_the_training_length(monkeypatch):
+    """The callback hands generate the datamodule's seq_len (context=train) or None (context=full)."""
+    from types import SimpleNamespace
+
+    from pe_geometry.training import sample as sample_module
+
+    seen = []
+    monkeypatch.setattr(sample_module, "generate", lambda model, prompt, n, context=None, **kw: seen.append(context) or prompt)
+    model = build(DecoderLM, "rope", SDPAttention)
+    tokenizer = SimpleNamespace(encode=lambda text: SimpleNamespace(ids=[3, 4]), token_to_id=lambda token: 0, decode=str)
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=tokenizer, seq_len=16), global_step=5, loggers=[])
+    task = SimpleNamespace(model=model, training=False, device=torch.device("cpu"))
+    for context in ("train", "full"):
+        sample_module.SampleTextCallback(context=context).on_train_end(trainer, task)
+    assert seen == [16, None]
+    with pytest.raises(ValueError, match=r"callbacks.sample.context='window'; valid: \['train', 'full'\]"):
+        sample_module.SampleTextCallback(context="window")
