@@ -24,8 +24,10 @@ def group_options():
 
 
 @pytest.mark.parametrize("group,option", list(group_options()))
-def test_every_config_option_composes(group, option, tmp_path):
+def test_every_config_option_composes(group, option, tmp_path, monkeypatch):
     overrides = [f"{group}={option}"]
+    if (group, option) == ("trainer", "gpu"):  # as on a GPU machine; without one: tests/test_presets.py
+        monkeypatch.setattr("pe_geometry.training.validate.torch_cuda_available", lambda: True)
     if (group, option) == ("data", "text_files"):
         overrides.append("data.corpus.train_files=[x.txt]")
     cfg = compose_train_config(overrides, output_dir=tmp_path)

@@ -385,3 +385,14 @@ def test_train_py_with_data_hf_and_relative_parquet_files(tmp_path, parquet_file
     assert result.returncode == 0, result.stderr[-3000:]
     info = json.loads((tmp_path / "run" / "run_info.json").read_text())
     assert info["vocab_size"] == 300 and info["tokens"]["train"] > 5_000 and info["tokens"]["validation"] > 5_000
+
+
+def test_a_bpe_vocabulary_the_text_cannot_fill_is_a_warning_naming_both_sizes(tmp_path, tiny_corpus, caplog):
+    """12 k characters hold far fewer than 32768 merges: the run goes on with what BPE learned, and says so."""
+    text = tiny_corpus["train"].read_text(encoding="utf-8")
+    dm = make_datamodule(tmp_path, text, tiny_corpus["validation"].read_text(encoding="utf-8"), vocab_size=32768)
+    with caplog.at_level("WARNING", logger="pe_geometry.data.datamodule"):
+        dm.prepare_data()
+        dm.setup("fit")
+    assert dm.vocab_size < 32768
+    assert f"the BPE tokenizer learned {dm.vocab_size} tokens, not data.vocab_size=32768" in caplog.text

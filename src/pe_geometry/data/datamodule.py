@@ -165,6 +165,10 @@ class TextDataModule(L.LightningDataModule):
         started = time.perf_counter()
         batches = (batch[column] for batch in texts["train"].select_columns([column]).iter(batch_size=MAP_BATCH_DOCS))
         tokenizer = train_tokenizer(training_sample(batches, self.tokenizer_sample_chars), self.tokenizer_kind, self.requested_vocab_size)
+        learned = tokenizer.get_vocab_size()
+        if self.tokenizer_kind == "bpe" and learned < self.requested_vocab_size:  # too little text for that many merges
+            log.warning("the BPE tokenizer learned %d tokens, not data.vocab_size=%d: the training text has no more merges "
+                        "to make (the model's vocabulary is %d)", learned, self.requested_vocab_size, learned)
         cache.save_tokenizer(tokenizer)
         self.build_seconds["tokenizer"] = time.perf_counter() - started
         dtype = token_dtype(tokenizer.get_vocab_size())

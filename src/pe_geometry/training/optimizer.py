@@ -59,10 +59,16 @@ def adamw_warmup_cosine(
     warmup_steps: int = 100,
     min_lr_ratio: float = 0.1,
     no_decay_embeddings: bool = False,
+    fused: bool = False,
 ) -> dict[str, Any]:
     """AdamW on ``weight_decay_groups``, its LR warmed up linearly over ``warmup_steps`` then decayed along a
-    cosine to ``min_lr_ratio * lr`` at ``max_steps``, stepped every optimiser step."""
-    optimizer = torch.optim.AdamW(weight_decay_groups(model, weight_decay, no_decay_embeddings), lr=lr, betas=tuple(betas))
+    cosine to ``min_lr_ratio * lr`` at ``max_steps``, stepped every optimiser step.
+
+    ``fused``: torch's fused AdamW, one kernel for every parameter's update (``trainer=gpu`` sets it; the same
+    update up to float rounding). Off: torch's own choice (its multi-tensor loop on CUDA, a per-parameter loop on
+    a CPU), which is why off passes ``None``, not ``False``: ``False`` would also switch the multi-tensor loop off."""
+    groups = weight_decay_groups(model, weight_decay, no_decay_embeddings)
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True if fused else None)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, warmup_steps, max_steps, min_lr_ratio)
     )

@@ -148,6 +148,7 @@ class OptimizerSettings(Settings):
     warmup_steps: int = what("an integer >= 0", 100, ge=0)
     min_lr_ratio: float = what("a fraction in [0, 1] of optimizer.lr", 0.1, ge=0, le=1)
     no_decay_embeddings: bool = what("true or false", False, strict=True)
+    fused: bool = what("true or false", False, strict=True)  # torch's fused AdamW kernel (trainer=gpu sets it)
 
 
 PRECISIONS = ("64", "64-true", "32", "32-true", "16", "16-mixed", "16-true", "bf16", "bf16-mixed", "bf16-true",

@@ -52,6 +52,8 @@ def check_run_settings(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.limit_val_batches={limit} must be a number of batches >= 0 or a fraction in [0, 1]")
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     if accelerator in ("gpu", "cuda") and not torch_cuda_available():
+        if _choices().get("trainer") == "gpu":
+            raise ConfigError("trainer=gpu: torch sees no CUDA GPU here (trainer.accelerator=gpu); valid on this machine: trainer=default")
         raise ConfigError(f"trainer.accelerator={accelerator}: torch sees no CUDA GPU here; valid on this machine: ['cpu', 'auto']")
     if accelerator == "mps" and not torch_mps_available():
         raise ConfigError("trainer.accelerator=mps: no Apple GPU (MPS) is available here; valid on this machine: ['cpu', 'auto']")
