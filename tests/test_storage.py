@@ -269,21 +269,28 @@ def _corpus_args(corpus: dict[str, Path]) -> list[str]:
             "logger=csv", *TINY]
 
 
-@pytest.mark.slow  # runs train.py in a subprocess
-def test_cli_a_log_file_on_a_full_disk_gives_one_warning_and_the_one_error_line(tmp_path, tiny_corpus, cache_dir):
+@pytest.mark.slow  # runs train.py in subprocesses
+def test_cli_a_log_file_on_a_full_disk_gives_one_warning_and_the_run_goes_on(tmp_path, tiny_corpus, cache_dir):
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full")
-    args = [*_corpus_args(tiny_corpus), "seed=-1", f"hydra.run.dir={tmp_path / 'run'}",
-            "hydra.job_logging.handlers.file.filename=/dev/full"]
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=_train_py_env(cache_dir),
-                            capture_output=True, text=True, timeout=240)
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert error_lines(result.stderr) == ["error: seed=-1 must be an integer in [0, 4294967295]"], result.stderr[-3000:]
+
+    def train_py(*extra: str) -> subprocess.CompletedProcess:
+        args = [*_corpus_args(tiny_corpus), "hydra.job_logging.handlers.file.filename=/dev/full", "~callbacks.geometry",
+                "~callbacks.sample", *extra]
+        return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=_train_py_env(cache_dir),
+                              capture_output=True, text=True, timeout=240)
+
+    result = train_py("trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
     assert [line for line in result.stderr.splitlines() if line.startswith("warning: cannot write the log file")] == [
         "warning: cannot write the log file /dev/full (no space left on device); "
         "records that do not fit are lost, and later failures are not reported"
     ]
     assert "Traceback" not in result.stderr and "Logging error" not in result.stderr
+    # a refused run writes no log record at all (its folder goes): its error line alone, no warning
+    refused = train_py("seed=-1", f"hydra.run.dir={tmp_path / 'refused'}")
+    assert refused.returncode == 2 and error_lines(refused.stderr) == ["error: seed=-1 must be an integer in [0, 4294967295]"]
+    assert "warning: cannot write" not in refused.stderr and "Traceback" not in refused.stderr
 
 
 def _private_mounts() -> list[str] | None:
