@@ -249,7 +249,7 @@ def test_no_draw_builds_a_large_frame(monkeypatch):
     other frame is d x k, and the var90 overlap builds none (it draws two m x m Wishart factors per draw)."""
     shapes = []
     real = nulls.haar_frames
-    monkeypatch.setattr(nulls, "haar_frames", lambda G: shapes.append(tuple(G.shape)) or real(G))
+    monkeypatch.setattr(nulls, "haar_frames", lambda G, threads=1: shapes.append(tuple(G.shape)) or real(G, threads))
     n_words, n_pos, d, k, n = 50, 40, 32, 4, 100
     E, P = matrices(0, n_words, n_pos, d)
     nulls.rotation_null(E, P, n_draws=n, fixed_k=k)
