@@ -254,6 +254,19 @@ def cli_seconds(args: list[str], repeats: int = 5, env: dict[str, str] | None = 
     return median(times)
 
 
+def package_versions() -> str:
+    """The versions a loop's speed depends on (a drift between installs shows up beside the figures it moves)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for package in ("torch", "lightning", "hydra-core", "datasets", "tokenizers", "numpy"):
+        try:
+            found.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            found.append(f"{package} -")
+    return ", ".join([f"python {platform.python_version()}", *found])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
@@ -275,13 +288,15 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {args.steps} timed steps after {args.warmup} warm-up, median of {rounds} round(s)")
     peak = matmul_peak_flops()
-    print(f"measured fp32 matmul peak (1024^3): {peak / 1e9:.1f} GFLOP/s\n")
+    print(f"measured fp32 matmul peak (1024^3): {peak / 1e9:.1f} GFLOP/s")
+    versions = package_versions()
+    print(f"versions: {versions}\n")
 
     configs = {"default": [], "larger": LARGER}
     if args.quick:
         configs = {"default": []}
-    print("| config | path | project tok/s | plain tok/s | project / plain (range over rounds) | MFU (project) |")
-    print("|---|---|---|---|---|---|")
+    print("| config | path | project tok/s | plain tok/s | project / plain (range over rounds) | MFU (project) | versions |")
+    print("|---|---|---|---|---|---|---|")
     eager_time: dict[str, float] = {}
     profiles = {}
     for name, overrides in configs.items():
@@ -299,9 +314,9 @@ def main() -> None:
             if not compiled:
                 eager_time[name] = t_proj
             print(f"| {name} | {label} | {tokens_per_s(cfg, t_proj):,.0f} | {tokens_per_s(cfg, t_plain):,.0f} | "
-                  f"{t_plain / t_proj:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {flops / t_proj / peak:.2f} |")
+                  f"{t_plain / t_proj:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {flops / t_proj / peak:.2f} | {versions} |")
             if compiled:
-                print(f"| {name} | compiled vs project eager | | | {eager_time[name] / t_proj:.2f}x | |")
+                print(f"| {name} | compiled vs project eager | | | {eager_time[name] / t_proj:.2f}x | | {versions} |")
         if not args.quick:
             profiles[name] = profile_breakdown(cfg, dm)
 
