@@ -13,6 +13,13 @@ model are rebuilt from ``checkpoints/last.ckpt`` and the run's config by
 A learned position table cannot go past ``pe.max_len`` rows: that length is reported as
 "n/a". Rows of a learned table between seq_len and max_len exist but never received a
 gradient; those lengths get a number and ``untrained_positions: true``.
+
+``fixed_target_losses`` is the benchmark's protocol (``experiments/extrapolation.py``): averaging over
+every position of a long block mixes in the positions a short block also has, so a longer block's loss
+is mostly *within* the trained length. There, the scored tokens are the same at every length: the last
+``target_len`` tokens of each window, windows of every length ending at the same stream offsets, the
+longest windows not overlapping. Only the context before those tokens grows. Standard errors are
+over windows (tokens inside one window are not independent), and the ratio to 1x is paired by window.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import yaml
 
 from pe_geometry.model.transformer import EncoderDecoder, LanguageModel
@@ -164,6 +172,120 @@ def evaluate_lengths(
     if write:
         (run_dir / OUTPUT_NAME).write_text(json.dumps(result, indent=2))
     return result
+
+
+@torch.no_grad()
+def fixed_target_losses(
+    model: LanguageModel,
+    stream: np.ndarray | torch.Tensor,
+    seq_len: int,
+    multipliers: tuple[int, ...] | list[int] = (1, 2, 4, 8, 16),
+    target_len: int | None = None,
+    max_windows: int | None = None,
+    tokens_per_batch: int = 8192,
+    mask_seed: int = MASK_SEED,
+) -> dict:
+    """Loss on the same target tokens with windows of m x seq_len tokens for each multiplier m.
+
+    Window w ends at stream offset (w + 1)(L_max + 1) for every length (L_max = max(m) x seq_len), so the
+    longest windows do not overlap and every length scores the same ``target_len`` tokens per window
+    (default seq_len // 2: at 1x each scored token still sees at least half a training window).
+    Decoder: the last target_len next-token targets of a block of L + 1 tokens. Masked-LM encoder: the
+    masked tokens among the last target_len of L tokens, masks drawn once per stream token (``mask_seed``),
+    so a token is masked (and replaced) alike at every length. Encoder-decoder: not covered (n/a).
+
+    Returns {"multipliers", "target_len", "n_windows", "lengths": {m: {...}}}; each length has ``loss``
+    (mean over targets), ``se`` (over windows), ``n_targets``, and for m > 1 ``ratio`` (loss / loss at 1x)
+    and ``ratio_se`` (paired by window: the delta method on the per-window differences), or ``loss: "n/a"``
+    with a ``reason`` (a learned table shorter than the window).
+    """
+    multipliers = sorted({int(m) for m in multipliers})
+    if not multipliers or multipliers[0] < 1:
+        raise ValueError(f"multipliers must be positive integers, got {multipliers}")
+    target_len = seq_len // 2 if target_len is None else int(target_len)
+    if not 1 <= target_len <= seq_len:
+        raise ValueError(f"target_len={target_len} must be between 1 and seq_len={seq_len}")
+    stream = torch.as_tensor(np.asarray(stream, dtype=np.int64))
+    longest = multipliers[-1] * seq_len
+    n_windows = len(stream) // (longest + 1)
+    if max_windows is not None:
+        n_windows = min(n_windows, int(max_windows))
+    result: dict = {"multipliers": multipliers, "target_len": target_len, "n_windows": n_windows,
+                    "window_stride": longest + 1, "objective": model.objective, "lengths": {}}
+    if n_windows < 2:
+        raise ValueError(f"the stream ({len(stream)} tokens) holds {n_windows} windows of {longest + 1} tokens; need >= 2")
+    ends = (torch.arange(n_windows) + 1) * (longest + 1)
+    limit = position_limit(model)
+    encoder = model.objective == "masked-lm"
+    if encoder:
+        g = torch.Generator().manual_seed(mask_seed)
+        draw = torch.rand(len(stream), generator=g)  # one draw per stream token: the same masks at every length
+        random_ids = torch.randint(model.vocab_size, (len(stream),), generator=g)
+    device = next(model.parameters()).device
+    sums: dict[int, torch.Tensor] = {}  # m -> (n_windows,) summed target loss per window
+    counts = torch.zeros(n_windows)
+    for m in multipliers:
+        L = m * seq_len
+        entry: dict = {"multiplier": m, "window": L}
+        result["lengths"][str(m)] = entry
+        if model.objective == "seq2seq":
+            entry.update(loss=NA, reason="encoder-decoder: not in this protocol")
+            continue
+        if limit is not None and L > limit:
+            entry.update(loss=NA, reason=f"{L} positions are past the learned position table (pe.max_len={limit})")
+            continue
+        starts = ends - (L if encoder else L + 1)
+        index = starts[:, None] + torch.arange(L if encoder else L + 1)[None]  # (W, window)
+        per_window = torch.zeros(n_windows, dtype=torch.float64)
+        step = max(1, tokens_per_batch // L)
+        for lo in range(0, n_windows, step):
+            idx = index[lo : lo + step]
+            tokens = stream[idx].to(device)
+            if encoder:
+                u = draw[idx].to(device)
+                chosen = u < model.mask_prob
+                chosen[:, : L - target_len] = False  # score the last target_len only (the rest keep their masks)
+                inputs = torch.where(u < 0.8 * model.mask_prob, model.mask_token_id, tokens)
+                inputs = torch.where((u >= 0.8 * model.mask_prob) & (u < 0.9 * model.mask_prob), random_ids[idx].to(device), inputs)
+                logits = model(inputs)
+                loss = F.cross_entropy(logits.transpose(1, 2).float(), tokens, reduction="none")
+                loss = torch.where(chosen, loss, torch.zeros_like(loss))
+                if m == multipliers[0]:
+                    counts[lo : lo + step] = chosen.sum(1).float().cpu()
+            else:
+                loss = model.loss(tokens, reduction="none")[:, -target_len:]
+                if m == multipliers[0]:
+                    counts[lo : lo + step] = float(target_len)
+            per_window[lo : lo + step] = loss.double().sum(1).cpu()
+        sums[m] = per_window
+        entry.update(_ratio_estimate(per_window, counts.double()))
+        entry["n_targets"] = int(counts.sum())
+        base = multipliers[0]
+        if m != base and base in sums:
+            entry.update(_paired_ratio(per_window, sums[base], counts.double()))
+    return result
+
+
+def _ratio_estimate(sums: torch.Tensor, counts: torch.Tensor) -> dict:
+    """Mean loss = sum / count over windows, and its standard error over windows (ratio estimator)."""
+    keep = counts > 0
+    s, n = sums[keep], counts[keep]
+    mean = float(s.sum() / n.sum())
+    w = len(s)
+    residual = s - mean * n
+    se = float((residual.pow(2).sum() / (w - 1)).sqrt() * math.sqrt(w) / n.sum()) if w > 1 else float("nan")
+    return {"loss": mean, "se": se, "rel_se": se / mean if mean else float("nan")}
+
+
+def _paired_ratio(sums: torch.Tensor, base: torch.Tensor, counts: torch.Tensor) -> dict:
+    """loss_m / loss_1 on the same targets, with its standard error paired by window (delta method)."""
+    keep = counts > 0
+    a, b = sums[keep], base[keep]
+    ratio = float(a.sum() / b.sum())
+    w = len(a)
+    residual = a - ratio * b
+    se = float((residual.pow(2).sum() / (w - 1)).sqrt() * math.sqrt(w) / b.sum()) if w > 1 else float("nan")
+    return {"ratio": ratio, "ratio_se": se}
 
 
 def _nanmean(x: torch.Tensor) -> float:
