@@ -1,33 +1,51 @@
-"""Tokenization throughput and peak memory of data=hf on synthetic corpora of growing size.
+"""Cold-cache tokenization of data=hf against ``tokenizers`` alone, and peak memory, on synthetic corpora of growing size.
 
-    python experiments/benchmark_data.py                  # about 50 MB and 200 MB of text
-    python experiments/benchmark_data.py --quick          # about 5 MB and 20 MB (a smoke test)
-    python experiments/benchmark_data.py --sizes-mb 50 200 --num-proc 2 --tokenizer-sample-mb 10
+    python experiments/benchmark_data.py                  # 50 MB and 500 MB of text
+    python experiments/benchmark_data.py --quick          # 2 MB and 5 MB (a smoke test, under a minute)
+    python experiments/benchmark_data.py --sizes-mb 50 --repeats 3 --num-proc 2
 
 Each corpus is made of real play speeches (the default corpus, as the framework
 reads it) drawn at random into documents of 8 speeches, written as parquet shards
-in a temporary folder. Each size is then built in a fresh subprocess through the
-real path (``HFDataModule(path="parquet", data_files=...)``: load_dataset's Arrow
-conversion, the tokenizer trained on a bounded sample, ``datasets.map`` into token
-files) with its own empty caches, and that process reports:
-- tokens/s of the tokenization step alone, and end to end (loading + tokenizer + tokenization);
-- peak resident memory, ``ru_maxrss``. It counts the pages of memory-mapped Arrow files the
-  process has read (datasets maps the converted corpus; ``datasets.map`` reads all of it),
-  which the kernel can drop at any time, so the peak of *anonymous* memory (RssAnon,
-  sampled every 20 ms) is printed beside it: that is the memory the process actually holds,
-  and it must not grow with the corpus beyond the tokenizer's sample. With ``--streaming``
-  nothing is memory-mapped and ``ru_maxrss`` itself stays flat.
+in a temporary folder (train shards and a 1 MB validation file). On each corpus,
+in fresh processes, alternating which goes first in each repeat:
+
+- **project**: the real cold-cache path, ``HFDataModule(path="parquet", data_files=...)``
+  with empty caches. ``load_dataset``'s parquet -> Arrow conversion is timed on its own
+  (printed "besides", outside the ratio); the measured time is ``prepare_data()`` after it: the
+  tokenizer trained on the first ``tokenizer_sample_chars`` of the training split, both
+  splits encoded by ``datasets.map``, the token files and checksums written and read back.
+- **tokenizers alone**, the ceiling: the same documents already in memory as Python
+  strings (reading them is not timed), the same byte-level BPE built with the bare
+  ``tokenizers`` API and trained on the same sample, ``encode_batch_fast`` over every
+  document, ids + <eos> into numpy and written to a file per split.
+
+Both must produce byte-identical token streams (the script stops if they do not), so
+the two do the same work. Printed per size: both times (median over repeats), their
+ratio, the ratio of their CPU seconds (user + system, all threads and worker
+processes: steadier than wall time when other jobs share the cores), each side's
+split into tokenizer training and encoding + writing, and the project's peak memory:
+- ``ru_maxrss``, which also counts the pages of memory-mapped Arrow files the process
+  has read (datasets maps the converted corpus and ``datasets.map`` reads all of it;
+  the kernel can drop them at any time), and
+- the peak of *anonymous* memory (RssAnon, sampled every 20 ms): the memory the process
+  actually holds, which must not grow with the corpus beyond the tokenizer's sample.
 With ``--num-proc`` above 1 the tokenizing processes are separate: their largest
-``ru_maxrss`` is printed too (RssAnon is sampled for the main process only).
+``ru_maxrss`` is printed too (RssAnon is sampled for the main process only). With
+``--streaming`` the project reads the parquet files as it tokenizes: nothing is
+memory-mapped and ``ru_maxrss`` itself stays flat.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
+import itertools
 import json
 import os
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,12 +53,12 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 SPEECHES_PER_DOC = 8
 DOCS_PER_ROW_GROUP = 1000
 SHARD_MB = 25
+VOCAB_SIZE = 2048
+LIBRARY_BATCH_DOCS = 1000  # documents per encode_batch_fast call in the library-alone path
+SPECIALS = ["<unk>", "<mask>", "<eos>"]
 
 
 # ----------------------------------------------------------------------------- corpus generation (parent)
@@ -56,6 +74,7 @@ def write_corpus(folder: Path, size_mb: float, speeches: list[str], seed: int) -
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     target, written, shards = size_mb * 1e6, 0, []
     while written < target:
@@ -71,7 +90,14 @@ def write_corpus(folder: Path, size_mb: float, speeches: list[str], seed: int) -
     return shards
 
 
-# ----------------------------------------------------------------------------- one measured build (child)
+def default_sample_chars() -> int:
+    """data.tokenizer_sample_chars's default, from the datamodule itself (one source of truth)."""
+    from pe_geometry.data.datamodule import TextDataModule
+
+    return inspect.signature(TextDataModule.__init__).parameters["tokenizer_sample_chars"].default
+
+
+# ----------------------------------------------------------------------------- measured builds (children)
 class AnonPeak(threading.Thread):
     """Samples this process's RssAnon (kB) from /proc/self/status; ``peak_kb`` is the largest seen."""
 
@@ -86,73 +112,178 @@ class AnonPeak(threading.Thread):
                     self.peak_kb = max(self.peak_kb, int(line.split()[1]))
             time.sleep(0.02)
 
+    def stop(self) -> float:
+        self.running = False
+        self.join()
+        return self.peak_kb / 1024
 
-def measure(train_files: list[str], val_file: str, cache_dir: str, num_proc: int, sample_chars: int, streaming: bool) -> dict:
+
+def cpu_seconds() -> float:
+    """User + system seconds of this process (all threads) and its finished children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def measure_project(train_files: list[str], val_file: str, work: str, num_proc: int, sample_chars: int, streaming: bool = False) -> dict:
     sampler = AnonPeak()
     sampler.start()
     from pe_geometry.data.hf import HFDataModule
 
     dm = HFDataModule(
-        path="parquet", data_files={"train": train_files, "validation": val_file}, vocab_size=2048, seq_len=128,
-        cache_dir=cache_dir, num_proc=num_proc, tokenizer_sample_chars=sample_chars, streaming=streaming,
+        path="parquet", data_files={"train": train_files, "validation": val_file}, vocab_size=VOCAB_SIZE, seq_len=128,
+        cache_dir=str(Path(work) / "tokens"), num_proc=num_proc, tokenizer_sample_chars=sample_chars, streaming=streaming,
     )
     started = time.perf_counter()
+    dm.corpus.text_datasets()  # load_dataset: parquet -> Arrow (nothing when streaming), outside the comparison
+    arrow_s = time.perf_counter() - started
+    cpu, started = cpu_seconds(), time.perf_counter()
     dm.prepare_data()
-    total_s = time.perf_counter() - started
-    sampler.running = False
-    sampler.join()
-    n_tokens = dm.n_tokens("train") + dm.n_tokens("validation")
-    tokenize_s = dm.build_seconds["train"] + dm.build_seconds["validation"]
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    meta = json.loads((dm.cache_entry / "meta.json").read_text())
     return {
-        "n_tokens": n_tokens,
-        "total_s": total_s,
-        "tokenizer_s": dm.build_seconds["tokenizer"],
-        "tokenize_s": tokenize_s,
-        "tokenize_tokens_per_s": n_tokens / tokenize_s,
-        "end_to_end_tokens_per_s": n_tokens / total_s,
+        "seconds": seconds, "cpu_s": cpu, "arrow_s": arrow_s,
+        "tokenizer_s": dm.build_seconds["tokenizer"], "encode_s": dm.build_seconds["train"] + dm.build_seconds["validation"],
+        "n_tokens": dm.n_tokens("train") + dm.n_tokens("validation"),
+        "sha256": {split: meta["sha256"][f"{split}.npy"] for split in ("train", "validation")},
+        "vocab_sha256": hashlib.sha256(json.dumps(dm.tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest(),
         "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "children_maxrss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-        "peak_anon_mb": sampler.peak_kb / 1024,
+        "peak_anon_mb": sampler.stop(),
     }
+
+
+def measure_library(train_files: list[str], val_file: str, work: str, num_proc: int, sample_chars: int, streaming: bool = False) -> dict:
+    """tokenizers alone: train on the same sample, encode_batch_fast every document, write the ids."""
+    del num_proc, streaming  # the library parallelises encode_batch_fast over its own threads, the text is in memory
+    sampler = AnonPeak()  # (as in the project's build: the same 20 ms sampling on both sides)
+    sampler.start()
+    import numpy as np
+    import pyarrow.parquet as pq
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    splits = {"train": train_files, "validation": [val_file]}
+    docs = {split: [t or "" for f in files for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+            for split, files in splits.items()}  # in memory before the clock starts: the ceiling reads nothing
+    sample, n_chars = [], 0
+    for text in docs["train"]:
+        if n_chars >= sample_chars:
+            break
+        sample.append(text[: sample_chars - n_chars])
+        n_chars += len(sample[-1])
+
+    cpu, started = cpu_seconds(), time.perf_counter()
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([  # GPT-2's byte-level split, whitespace-free runs cut at 64
+        pre_tokenizers.Split(Regex(r"\S{64}"), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(sample, trainer)
+    tokenizer_s = time.perf_counter() - started
+    eos, n_tokens = tokenizer.token_to_id("<eos>"), 0
+    for split, texts in docs.items():
+        fd = os.open(Path(work) / f"{split}.ids", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for i in range(0, len(texts), LIBRARY_BATCH_DOCS):
+            ids = [e.ids for e in tokenizer.encode_batch_fast(texts[i : i + LIBRARY_BATCH_DOCS])]
+            for doc in ids:
+                doc.append(eos)
+            flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint16, count=sum(map(len, ids)))
+            os.write(fd, flat.tobytes())
+            n_tokens += len(flat)
+        os.fsync(fd)
+        os.close(fd)
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    return {
+        "seconds": seconds, "cpu_s": cpu, "tokenizer_s": tokenizer_s, "encode_s": seconds - tokenizer_s, "n_tokens": n_tokens,
+        "sha256": {split: hashlib.sha256((Path(work) / f"{split}.ids").read_bytes()).hexdigest() for split in docs},
+        "vocab_sha256": hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest(),
+        "peak_anon_mb": sampler.stop(),
+    }
+
+
+SIDES = {"project": measure_project, "library": measure_library}
+
+
+def run_child(side: str, arguments: dict, folder: Path) -> dict:
+    """One measured build in a fresh process (ru_maxrss is a lifetime peak; nothing cached in memory)."""
+    work = Path(tempfile.mkdtemp(prefix=f"{side}-", dir=folder))
+    # datasets' Arrow cache inside the run's own folder: every project build starts cold.
+    env = {**os.environ, "HF_DATASETS_CACHE": str(work / "hf-cache"), "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    child = json.dumps({"side": side, **arguments, "work": str(work)})
+    result = subprocess.run([sys.executable, __file__, "--child", child], env=env, capture_output=True, text=True, check=False)
+    if result.returncode:
+        sys.exit(f"error: the {side} build failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------- driver
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[50, 200])
-    parser.add_argument("--quick", action="store_true", help="5 MB and 20 MB")
-    parser.add_argument("--num-proc", type=int, default=1)
-    parser.add_argument("--tokenizer-sample-mb", type=float, default=10, help="data.tokenizer_sample_chars, in MB")
-    parser.add_argument("--streaming", action="store_true", help="data.streaming=true: parquet read as it is tokenized")
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[50, 500])
+    parser.add_argument("--quick", action="store_true", help="2 MB and 5 MB, a 1 MB tokenizer sample")
+    parser.add_argument("--repeats", type=int, default=1, help="builds per side and size (times: the median)")
+    parser.add_argument("--num-proc", type=int, default=1, help="data.num_proc of the project's build")
+    parser.add_argument("--streaming", action="store_true", help="data.streaming=true: the project reads parquet as it tokenizes")
+    parser.add_argument("--tokenizer-sample-mb", type=float, help="data.tokenizer_sample_chars in millions (default: the project's)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # JSON arguments of one measured build
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(**json.loads(args.child))))
+        arguments = json.loads(args.child)
+        print(json.dumps(SIDES[arguments.pop("side")](**arguments)))
         return
-    sizes = [5, 20] if args.quick else args.sizes_mb
+    sizes = [2, 5] if args.quick else args.sizes_mb
+    sample_mb = args.tokenizer_sample_mb or (1 if args.quick else default_sample_chars() / 1e6)
+    sample_chars = int(sample_mb * 1e6)
     speeches = play_speeches()
-    sample_chars = int(args.tokenizer_sample_mb * 1e6)
-    print(f"{len(speeches)} play speeches; documents of {SPEECHES_PER_DOC}; tokenizer sample {sample_chars:,} characters; "
-          f"num_proc={args.num_proc}; streaming={args.streaming}; {os.cpu_count()} CPUs")
-    print(f"{'corpus':>8} {'tokens':>12} {'tokenize tok/s':>15} {'end-to-end tok/s':>17} {'total s':>8} "
-          f"{'ru_maxrss MB':>13} {'peak anon MB':>13} {'workers maxrss MB':>18}")
+    print(f"{len(speeches)} play speeches; documents of {SPEECHES_PER_DOC}; vocab {VOCAB_SIZE}; tokenizer sample "
+          f"{sample_chars:,} characters; num_proc={args.num_proc}; streaming={args.streaming}; {args.repeats} repeat(s); "
+          f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}", flush=True)
     for size_mb in sizes:
         with tempfile.TemporaryDirectory(prefix="benchmark_data-") as tmp:
             folder = Path(tmp)
-            train_files = write_corpus(folder, size_mb, speeches, seed=0)
-            (folder / "val").mkdir()
-            val_file = write_corpus(folder / "val", 1, speeches, seed=1)[0]
-            child_args = {"train_files": train_files, "val_file": val_file, "cache_dir": str(folder / "tokens"),
-                          "num_proc": args.num_proc, "sample_chars": sample_chars, "streaming": args.streaming}
-            # A fresh process per size (ru_maxrss is a lifetime peak); datasets' Arrow cache inside the temp folder.
-            env = {**os.environ, "HF_DATASETS_CACHE": str(folder / "hf-cache"), "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
-            result = subprocess.run([sys.executable, __file__, "--child", json.dumps(child_args)], env=env,
-                                    capture_output=True, text=True, check=False)
-            if result.returncode:
-                sys.exit(f"error: the {size_mb} MB build failed:\n{result.stderr[-3000:]}")
-            r = json.loads(result.stdout.strip().splitlines()[-1])
-            print(f"{size_mb:>6.0f}MB {r['n_tokens']:>12,} {r['tokenize_tokens_per_s']:>15,.0f} {r['end_to_end_tokens_per_s']:>17,.0f} "
-                  f"{r['total_s']:>8.1f} {r['maxrss_mb']:>13.0f} {r['peak_anon_mb']:>13.0f} {r['children_maxrss_mb']:>18.0f}", flush=True)
+            arguments = {"train_files": write_corpus(folder / "train", size_mb, speeches, seed=0),
+                         "val_file": write_corpus(folder / "val", 1, speeches, seed=1)[0],
+                         "num_proc": args.num_proc, "sample_chars": sample_chars, "streaming": args.streaming}
+            runs: dict[str, list[dict]] = {"project": [], "library": []}
+            for repeat in range(args.repeats):
+                for side in ("project", "library") if repeat % 2 == 0 else ("library", "project"):
+                    runs[side].append(run_child(side, arguments, folder))
+            report(size_mb, runs)
+
+
+def report(size_mb: float, runs: dict[str, list[dict]]) -> None:
+    project, library = runs["project"][0], runs["library"][0]
+    if (project["sha256"], project["vocab_sha256"]) != (library["sha256"], library["vocab_sha256"]):
+        sys.exit(f"error: at {size_mb:g} MB the project and tokenizers alone did not produce the same tokenizer and token "
+                 f"streams ({project['n_tokens']:,} vs {library['n_tokens']:,} tokens): the comparison is void")
+
+    def median(side: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[side])
+
+    def fastest(side: str) -> float:
+        return min(r["seconds"] for r in runs[side])
+
+    def each(side: str) -> str:
+        return ", ".join(f"{r['seconds']:.1f}" for r in runs[side])
+
+    p_s, l_s = median("project", "seconds"), median("library", "seconds")
+    n = project["n_tokens"]
+    print(f"{size_mb:g} MB: {n:,} tokens (identical in both); "
+          f"project {p_s:.1f} s = tokenizer {median('project', 'tokenizer_s'):.1f} + encode/write {median('project', 'encode_s'):.1f} "
+          f"({n / p_s / 1e6:.2f} M tokens/s; parquet -> Arrow {median('project', 'arrow_s'):.1f} s besides); "
+          f"tokenizers alone {l_s:.1f} s = {median('library', 'tokenizer_s'):.1f} + {median('library', 'encode_s'):.1f} "
+          f"({n / l_s / 1e6:.2f} M tokens/s)", flush=True)
+    p_cpu, l_cpu = median("project", "cpu_s"), median("library", "cpu_s")
+    print(f"{size_mb:g} MB: ratio {p_s / l_s:.2f} (project / tokenizers alone, wall); "
+          f"CPU seconds {p_cpu:.1f} / {l_cpu:.1f} = {p_cpu / l_cpu:.2f}; "
+          f"runs: project {each('project')} s, library {each('library')} s (fastest: ratio {fastest('project') / fastest('library'):.2f})",
+          flush=True)
+    print(f"{size_mb:g} MB: project peak memory: anonymous {max(r['peak_anon_mb'] for r in runs['project']):.0f} MB, "
+          f"ru_maxrss {max(r['maxrss_mb'] for r in runs['project']):.0f} MB, "
+          f"worker processes' ru_maxrss {max(r['children_maxrss_mb'] for r in runs['project']):.0f} MB "
+          f"(tokenizers alone, the whole text in memory: anonymous {max(r['peak_anon_mb'] for r in runs['library']):.0f} MB); "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import logging
 import os
 import pickle
 import random
+import re
 import string
 import subprocess
 import sys
@@ -262,6 +263,28 @@ def expected_stream(tokenizer, texts: list[str]) -> list[int]:
     return [i for text in texts for i in [*tokenizer.encode(text).ids, eos]]
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_encoding_keeps_every_document_boundary_in_order_map_style_and_streamed(tmp_path, tiny_corpus, dtype):
+    """Each document's ids, then <eos>, in document order: across batches, for empty and missing texts, in
+    both token dtypes, whether datasets.map writes Arrow files or a streamed dataset is encoded as it is read."""
+    from pe_geometry.data import encode
+
+    lines = play_lines(tiny_corpus, "train")[:40]
+    texts = [*lines[:5], None, "", *lines[5:]]  # (None: a missing value, read as an empty document)
+    tokenizer = train_tokenizer(lines, "bpe", 300)
+    dataset = datasets.Dataset.from_dict({"text": texts, "n": list(range(len(texts)))})
+    expected = expected_stream(tokenizer, [t or "" for t in texts])
+    for i, source in enumerate([dataset, dataset.to_iterable_dataset(num_shards=1)]):
+        (tmp_path / str(i)).mkdir()
+        old, encode.MAP_BATCH_DOCS = encode.MAP_BATCH_DOCS, 7  # several batches, one of them holding the empty documents
+        try:
+            chunks = list(encode.encode_documents(source, "text", tokenizer, np.dtype(dtype), tmp_path / str(i)))
+        finally:
+            encode.MAP_BATCH_DOCS = old
+        assert len(chunks) > 1 and all(chunk.dtype == dtype and chunk.ndim == 1 for chunk in chunks)
+        assert np.concatenate(chunks).tolist() == expected
+
+
 def test_save_to_disk_folder_is_loaded_and_tokenized(tmp_path, tiny_corpus):
     train, val = play_lines(tiny_corpus, "train"), play_lines(tiny_corpus, "validation")
     folder = tmp_path / "saved"
@@ -396,3 +419,16 @@ def test_a_bpe_vocabulary_the_text_cannot_fill_is_a_warning_naming_both_sizes(tm
         dm.setup("fit")
     assert dm.vocab_size < 32768
     assert f"the BPE tokenizer learned {dm.vocab_size} tokens, not data.vocab_size=32768" in caplog.text
+
+
+@pytest.mark.slow
+def test_data_benchmark_quick_mode_compares_the_project_with_tokenizers_alone():
+    """The data benchmark's smoke run: both paths build the same token streams, and it prints their ratio and memory."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "experiments" / "benchmark_data.py"), "--quick"], env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for size in ("2 MB", "5 MB"):
+        assert re.search(rf"^{size}: [\d,]+ tokens \(identical in both\); project [\d.]+ s", result.stdout, re.MULTILINE), result.stdout
+        assert re.search(rf"^{size}: ratio \d+\.\d\d \(project / tokenizers alone, wall\)", result.stdout, re.MULTILINE), result.stdout
+        assert re.search(rf"^{size}: project peak memory: anonymous \d+ MB", result.stdout, re.MULTILINE), result.stdout

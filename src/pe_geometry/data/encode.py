@@ -9,6 +9,7 @@ as it is iterated (``num_proc`` does not apply).
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -23,16 +24,28 @@ MAP_BATCH_DOCS = 256  # documents per datasets.map batch (and per Arrow record b
 
 
 class EncodeBatch:
-    """A picklable ``datasets.map`` function: a batch of texts -> {"ids": ids + [<eos>] per text}."""
+    """A picklable ``datasets.map`` function: an Arrow batch of texts -> an Arrow table {"ids": ids + [<eos>] per text}.
 
-    def __init__(self, tokenizer: Tokenizer, text_column: str) -> None:
-        self.tokenizer, self.text_column = tokenizer, text_column
+    The ids go from the tokenizer's lists into one flat numpy array and an offsets
+    array, which become an Arrow list column without another copy. Returned as a list
+    of lists of ints, ``datasets`` would convert them to Arrow one element at a time
+    and then cast them: about 7 % of the encoding step.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, text_column: str, dtype: np.dtype) -> None:
+        self.tokenizer, self.text_column, self.dtype = tokenizer, text_column, np.dtype(dtype)
         self.eos = tokenizer.token_to_id("<eos>")
 
-    def __call__(self, batch: dict[str, list]) -> dict[str, list[list[int]]]:
-        texts = [text or "" for text in batch[self.text_column]]  # a missing value (None) is an empty document
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        texts = [text or "" for text in batch.column(self.text_column).to_pylist()]  # a missing value (None) is an empty document
         # encode_batch_fast: ids without character offsets, about twice as fast and lighter
-        return {"ids": [e.ids + [self.eos] for e in self.tokenizer.encode_batch_fast(texts)]}
+        ids = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(texts)]
+        for doc in ids:
+            doc.append(self.eos)
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)), out=offsets[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=int(offsets[-1]))
+        return pa.table({"ids": pa.LargeListArray.from_arrays(offsets, flat)})
 
 
 @contextmanager
@@ -59,13 +72,13 @@ def encode_documents(
     num_proc: int = 1,
 ) -> Iterator[np.ndarray]:
     """Yield the split's token stream in chunks (1-D arrays of ``dtype``), in document order."""
-    encode = EncodeBatch(tokenizer, text_column)
-    features = datasets.Features({"ids": datasets.Sequence(datasets.Value(dtype.name))})
+    encode = EncodeBatch(tokenizer, text_column, dtype)
+    features = datasets.Features({"ids": datasets.LargeList(datasets.Value(dtype.name))})
+    dataset = dataset.with_format("arrow")  # batches in and out as Arrow tables, no Python dicts between
     if isinstance(dataset, datasets.IterableDataset):
         encoded = dataset.map(encode, batched=True, batch_size=MAP_BATCH_DOCS, remove_columns=dataset.column_names, features=features)
         for batch in encoded.iter(batch_size=MAP_BATCH_DOCS):
-            if batch["ids"]:
-                yield np.concatenate([np.asarray(ids, dtype=dtype) for ids in batch["ids"]])
+            yield batch.column("ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
         return
     processes = num_proc if num_proc > 1 and len(dataset) > 1 else None
     with _tokenizer_threads_off() if processes else nullcontext():
