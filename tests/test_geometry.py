@@ -198,3 +198,39 @@ def test_hidden_state_report_separates_position_from_noise():
     assert report["position_var_share"] > 10 * report["position_var_share_chance"]
     noise = geo.hidden_state_report(torch.randn(B, T, D, generator=gen(24)), tokens)
     assert noise["position_var_share"] == pytest.approx(noise["position_var_share_chance"], rel=0.25)
+
+
+def svd_hidden_report(H: torch.Tensor, tokens: torch.Tensor, k: int = 8, seed: int = 0) -> dict[str, float]:
+    """The hidden-state report as it was before it was summed in chunks: (B, T, D) in float64, SVDs for the directions."""
+    B, T, D = H.shape
+    H = H.double()
+    pos_means, tok_means, _ = geo.position_token_means(H, tokens)
+    perm = torch.randperm(B * T, generator=gen(seed))
+    shuffled = H.reshape(B * T, D)[perm].reshape(B, T, D).mean(dim=0)
+    k = min(k, T - 1, len(tok_means) - 1, D)
+    U_tok = geo.top_principal_directions(tok_means, k=k)
+    grand = H.mean(dim=(0, 1))
+    return {
+        "overlap_pos_tok_k8": geo.subspace_overlap(geo.top_principal_directions(pos_means, k=k), U_tok),
+        "overlap_pos_tok_k8_shuffled": geo.subspace_overlap(geo.top_principal_directions(shuffled, k=k), U_tok),
+        "position_var_share": (B * ((pos_means - grand) ** 2).sum() / ((H - grand) ** 2).sum()).item(),
+    }
+
+
+@pytest.mark.parametrize("B, T, D", [(6, 40, 24), (9, 12, 48)])  # directions from the d x d and from the n x n Gram
+def test_hidden_report_summed_in_chunks_equals_the_whole_batch_and_the_svd_report(B, T, D):
+    """Chunks of any size in any order give the figures of the whole (B, T, D) batch, which match the SVD-based
+    report; states far from the origin (a common mean 100x their spread) do not cost the sums their digits."""
+    tokens = torch.randint(15, (B, T), generator=gen(30))
+    H = 100.0 + torch.randn(B, T, D, generator=gen(31)) * torch.linspace(0.2, 2.0, D) + torch.randn(T, D, generator=gen(32))
+    whole = geo.hidden_state_report(H, tokens)
+    reference = svd_hidden_report(H, tokens)
+    sums = geo.HiddenStateSums(tokens)
+    for first, size in [(3, 2), (0, 1), (5, B - 5), (1, 2)]:
+        sums.add(H[first : first + size], first)
+    chunked = sums.report()
+    for name, value in reference.items():
+        assert whole[name] == pytest.approx(value, abs=1e-9), name
+        assert chunked[name] == pytest.approx(value, abs=1e-9), name
+    with pytest.raises(ValueError, match="rows added"):
+        geo.HiddenStateSums(tokens).report()  # a chunk missing is an error, not a figure from fewer rows

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,3 +100,44 @@ def test_records_keep_each_logged_step():
     assert sorted(callback.records) == [0, 3]
     assert "geometry/abs_cos_mean" in callback.records[0] and "geometry/hidden/layer2/position_var_share" in callback.records[3]
     assert model.training  # put back in training mode
+
+
+def test_a_record_in_one_block_chunks_equals_one_chunk_and_the_probe_shares_its_pass():
+    """chunk_tokens changes how much is held at once, not the figures: one block per chunk vs every block in one
+    (float32 forwards of different batch sizes round differently: 1e-5), with the position probe (whose pass feeds
+    the hidden measures too) and without it (the hidden measures alone, the same numbers)."""
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=60, d_model=16, n_heads=2, n_layers=2, pe=SinusoidalPE).eval()
+    rng = np.random.default_rng(0)
+    stream = rng.zipf(1.3, 4000) % 60
+    records = []
+    for chunk_tokens in (8, 10_000):
+        callback = GeometryCallback(n_tokens=20, fixed_k=2, null_draws=4, probe_batch_size=3, position_probe_blocks=10,
+                                    position_probe_permutations=3, chunk_tokens=chunk_tokens)
+        callback.choose_rows(stream[:3000], stream[3000:], 60, 8, specials=[0])
+        with torch.no_grad():
+            records.append((callback.measure(model, position_probe_now=True), callback.measure(model)))
+    (small_probe, small), (large_probe, large) = records
+    assert small_probe.keys() == large_probe.keys() and "geometry/hidden/layer2/position_r2" in small_probe
+    for name, value in large_probe.items():
+        assert small_probe[name] == pytest.approx(value, rel=1e-5, abs=1e-5), name
+        if name in large:
+            assert large[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name  # the probe's pass, same hidden figures
+    assert small.keys() == large.keys() and not any("position_r2" in name for name in large)
+    idx = torch.from_numpy(stream[:16].astype(np.int64)).view(2, 8)
+    with torch.no_grad():
+        for one, each in zip(model.hidden_states(idx), model.iter_hidden_states(idx), strict=True):
+            assert one.equal(each)
+
+
+@pytest.mark.slow  # runs experiments/benchmark_geometry_scaling.py in a subprocess
+def test_the_scaling_benchmark_quick_mode_prints_the_table_shares_and_cost_law():
+    script = Path(__file__).resolve().parents[1] / "experiments" / "benchmark_geometry_scaling.py"
+    result = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert re.search(r"^versions: python [\d.]+, torch \S+", out, re.MULTILINE), out
+    rows = re.findall(r"^\| (\d+) \| \d+ / \d+ \| \d+ \|.*\| ([\d.]+) % \|", out, re.MULTILINE)
+    assert [d for d, _ in rows] == ["64", "128"], out
+    assert all(0 < float(share) < 100 for _, share in rows), out
+    assert re.search(r"^cost law .*input d\^-?[\d.]+, hidden d\^-?[\d.]+", out, re.MULTILINE), out

@@ -9,7 +9,7 @@ from sklearn.model_selection import GroupKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from pe_geometry.analysis.position_probe import label_shuffles, position_probe
+from pe_geometry.analysis.position_probe import PositionProbeSums, label_shuffles, position_probe
 from pe_geometry.model import DecoderLM, NoPE
 from pe_geometry.model.positional import sinusoidal_table
 
@@ -125,3 +125,22 @@ def test_bad_shapes_are_rejected():
         position_probe(np.zeros((3, 8, 4)), n_splits=5)
     with pytest.raises(ValueError, match=r"H must be \(B, T, D\)"):
         position_probe(np.zeros((8, 4)))
+
+
+def test_chunks_of_blocks_in_any_order_give_the_whole_batch_probe():
+    """PositionProbeSums fed a layer chunk by chunk (float32 chunks of a float32 batch, out of order) equals
+    position_probe on the whole batch; far-off features (mean 1e4 x their spread) lose nothing to the sums."""
+    H = torch.from_numpy(weak_signal(B=14, T=10, D=5, seed=3) + 1e4).float()
+    whole = position_probe(H, n_permutations=6)
+    sums = PositionProbeSums(14, 10, n_layers=2, n_permutations=6)
+    for first, size in [(9, 5), (0, 4), (4, 5)]:
+        sums.add(H[first : first + size], first, layer=1)
+    chunked = sums.report(layer=1)
+    assert chunked.keys() == whole.keys()
+    for name, value in whole.items():
+        assert chunked[name] == pytest.approx(value, rel=1e-9, abs=1e-9), name
+    shifted = position_probe(H.double() - 1e4, n_permutations=6)  # the same features without their offset
+    assert whole["position_r2"] == pytest.approx(shifted["position_r2"], abs=1e-9)
+    assert whole["position_r2"] > 0.05
+    with pytest.raises(ValueError, match="rows added at layer 0"):
+        sums.report(layer=0)

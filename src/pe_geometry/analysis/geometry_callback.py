@@ -29,10 +29,19 @@ W&B): ``analysis.geometry_summary``, through the protocols of ``training.summary
 
 It runs on global rank 0 only, under ``torch.no_grad`` with the RNG state saved and
 restored, and puts the model back in training mode, so it never changes training.
+
+Cost and memory (docs/BENCHMARKS.md, "Geometry record scaling"; experiments/benchmark_geometry_scaling.py):
+the hidden states are computed on the model's device ``chunk_tokens`` tokens at a time, one layer alive at a
+time, and summed there into the measures' sufficient statistics (``geometry.HiddenStateSums``,
+``position_probe.PositionProbeSums``); the attention split never builds its (T, T) terms. So a record holds one
+chunk's activations plus the sums, whatever the number of blocks. float64 only where a figure is a difference
+of large sums (the probe's cross-products and SSE, the hidden measures' total variance); the forward passes,
+the attention split and the input-level tables stay float32. On a CPU, small work runs on one thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -41,13 +50,14 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from torch import Tensor
 
 from pe_geometry.analysis import geometry as geo
 from pe_geometry.analysis import geometry_summary
 from pe_geometry.analysis import metric_names as names
 from pe_geometry.analysis.attention_split import first_layer_attention_split, positional_heads
-from pe_geometry.analysis.nulls import rotation_null
-from pe_geometry.analysis.position_probe import position_probe
+from pe_geometry.analysis.nulls import _PARALLEL_MACS, _threads, rotation_null
+from pe_geometry.analysis.position_probe import PositionProbeSums
 from pe_geometry.analysis.probes import frequent_token_ids
 from pe_geometry.data.cache import atomic_write_text
 from pe_geometry.model.transformer import LanguageModel
@@ -55,6 +65,16 @@ from pe_geometry.training.wandb_run import LineChart, Table
 
 log = logging.getLogger(__name__)
 MEASURES = ("input", "hidden", "attention")
+
+
+def _threads_for(macs: float) -> contextlib.AbstractContextManager:
+    """The caller's torch threads for CPU work of >= _PARALLEL_MACS multiply-adds, one thread below (the null's rule).
+
+    Factorisations, reductions and small products sync their threads so often that on a busy 2-core machine the
+    second thread mostly waits: measured under load (load average ~8), the hidden measures of a d 128 model took
+    4.8 s on 2 threads and 0.05 s on 1. Large products still gain from every core. No effect on a GPU.
+    """
+    return contextlib.nullcontext() if macs >= _PARALLEL_MACS else _threads(1)
 
 
 class GeometryCallback(L.Callback):
@@ -71,6 +91,7 @@ class GeometryCallback(L.Callback):
         position_probe_every_n_steps: int = 500,
         position_probe_blocks: int = 128,
         position_probe_permutations: int = 20,
+        chunk_tokens: int = 8192,
     ) -> None:
         unknown = sorted(set(measures) - set(MEASURES))
         if unknown:
@@ -80,7 +101,8 @@ class GeometryCallback(L.Callback):
         self.every_n_steps, self.n_tokens, self.measures = every_n_steps, n_tokens, tuple(measures)
         self.probe_batch_size, self.fixed_k, self.threshold, self.seed = probe_batch_size, fixed_k, positional_head_threshold, seed
         minimum = {"null_draws": (null_draws, 2), "position_probe_every_n_steps": (position_probe_every_n_steps, 1),
-                   "position_probe_blocks": (position_probe_blocks, 5), "position_probe_permutations": (position_probe_permutations, 2)}
+                   "position_probe_blocks": (position_probe_blocks, 5), "position_probe_permutations": (position_probe_permutations, 2),
+                   "chunk_tokens": (chunk_tokens, 1)}
         for key, (value, least) in minimum.items():
             if value < least:
                 raise ValueError(f"callbacks.geometry.{key}={value} must be >= {least}")
@@ -88,6 +110,7 @@ class GeometryCallback(L.Callback):
         # and the same relabellings, so seeds differ only by what they trained.
         self.null_draws, self.probe_every = null_draws, position_probe_every_n_steps
         self.n_probe_blocks, self.probe_permutations = position_probe_blocks, position_probe_permutations
+        self.chunk_tokens = chunk_tokens
         self.position_blocks = torch.empty(0, 0, dtype=torch.long)  # chosen in setup
         self._last_step: int | None = None
         self.records: dict[int, dict[str, float]] = {}  # training step -> the metrics logged at that step
@@ -97,12 +120,7 @@ class GeometryCallback(L.Callback):
         dm = trainer.datamodule
         tokenizer = dm.tokenizer
         specials = [tokenizer.token_to_id(t) for t in ("<unk>", "<mask>", "<eos>")]
-        self.token_ids, counts = frequent_token_ids(dm.streams["train"], dm.vocab_size, self.n_tokens, specials)
-        self.seq_len = dm.seq_len
-        val = torch.from_numpy(dm.streams["validation"][: self.probe_batch_size * dm.seq_len].astype(np.int64))
-        self.probe = val[: (len(val) // dm.seq_len) * dm.seq_len].view(-1, dm.seq_len)  # (B, T) fixed blocks
-        long = torch.from_numpy(dm.streams["validation"][: self.n_probe_blocks * dm.seq_len].astype(np.int64))
-        self.position_blocks = long[: (len(long) // dm.seq_len) * dm.seq_len].view(-1, dm.seq_len)  # >= 128 blocks: power
+        counts = self.choose_rows(dm.streams["train"], dm.streams["validation"], dm.vocab_size, dm.seq_len, specials)
         # trainer.log_dir broadcasts from rank 0 in DDP, so every rank must read it (a rank-0-only
         # read deadlocks the others); only rank 0 writes.
         log_dir = trainer.log_dir
@@ -116,6 +134,18 @@ class GeometryCallback(L.Callback):
                 "tokens": [tokenizer.id_to_token(int(i)) for i in self.token_ids],
             }
             atomic_write_text(Path(trainer.default_root_dir) / "geometry_tokens.json", json.dumps(rule, indent=1))
+
+    def choose_rows(self, train: np.ndarray, validation: np.ndarray, vocab_size: int, seq_len: int,
+                    specials: Sequence[int]) -> Tensor:
+        """What every record measures, from the token streams (setup's choice): the word rows, the
+        hidden-state probe's blocks and the position probe's blocks. Returns the word rows' counts."""
+        self.token_ids, counts = frequent_token_ids(train, vocab_size, self.n_tokens, specials)
+        self.seq_len = seq_len
+        val = torch.from_numpy(validation[: self.probe_batch_size * seq_len].astype(np.int64))
+        self.probe = val[: (len(val) // seq_len) * seq_len].view(-1, seq_len)  # (B, T) fixed blocks
+        long = torch.from_numpy(validation[: self.n_probe_blocks * seq_len].astype(np.int64))
+        self.position_blocks = long[: (len(long) // seq_len) * seq_len].view(-1, seq_len)  # >= 128 blocks: power
+        return counts
 
     # -- when -------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -169,24 +199,62 @@ class GeometryCallback(L.Callback):
         if "input" in self.measures and W_pos is not None:
             E = model.W_E[self.token_ids.to(device)].float().cpu()
             P = W_pos[: self.seq_len].float().cpu()
-            report = geo.geometry_report(E, P, embed_scale=model.embed_scale, seed=self.seed)
+            with _threads_for(0):  # SVDs of (1000, d) and (seq_len, d): factorisations, one thread
+                report = geo.geometry_report(E, P, embed_scale=model.embed_scale, seed=self.seed)
             report |= rotation_null(E, P, n_draws=self.null_draws, seed=0, fixed_k=self.fixed_k)  # same observed values
             metrics.update({names.input_metric(k): v for k, v in report.items()})
-        probe = self.probe.to(device)
         if "hidden" in self.measures:
-            for i, H in enumerate(model.hidden_states(probe)):
-                report = geo.hidden_state_report(H.float().cpu(), self.probe, fixed_k=self.fixed_k, seed=self.seed)
-                metrics.update({names.hidden_metric(i, k): v for k, v in report.items()})
-            if position_probe_now and len(self.position_blocks) >= 5:
-                for i, H in enumerate(model.hidden_states(self.position_blocks.to(device))):
-                    report = position_probe(H.float().cpu(), n_permutations=self.probe_permutations, seed=0)
-                    metrics.update({names.hidden_metric(i, k): v for k, v in report.items()})
+            metrics.update(self.hidden_measures(model, position_probe_now))
         if "attention" in self.measures and W_pos is not None:
-            shares = first_layer_attention_split(model, probe[:4])
+            with _threads_for(4 * self.seq_len**2 * model.d_model * 3):  # 4 blocks: S, then S_c [K_e | K_p] (all heads)
+                shares = first_layer_attention_split(model, self.probe[:4].to(device))
             for name, per_head in shares.items():
                 for h, value in enumerate(per_head.tolist()):
                     metrics[names.attention_share_metric(h, name)] = value
             metrics[names.N_POSITIONAL_HEADS_ALL_TERMS] = float(len(positional_heads(shares, self.threshold)))
+        return metrics
+
+    def hidden_measures(self, model: LanguageModel, position_probe_now: bool = False) -> dict[str, float]:
+        """hidden_state_report of every layer on the probe blocks, and position_probe's figures if asked.
+
+        The hidden states are computed on the model's device ``chunk_tokens`` tokens at a time (whole
+        blocks, at least one), one layer alive at a time (``iter_hidden_states``), and summed into
+        HiddenStateSums / PositionProbeSums there: what a record holds is one chunk's activations plus
+        the sums (float64: (2 T + n_tok) D per layer for the hidden measures, 5 D^2 + 210 D for the
+        probe with 20 relabellings), never the (blocks, T, D) states of every layer. When the probe
+        runs, its blocks start with the probe blocks (both are the first validation blocks), so one
+        pass feeds both.
+        """
+        device = model.W_E.device
+        n_states = len(model.blocks) + 1
+        hidden = [geo.HiddenStateSums(self.probe, seed=self.seed) for _ in range(n_states)]
+        probe_sums = None
+        passes = [(self.probe, True, False)]  # (blocks, feeds the hidden measures, feeds the probe)
+        if position_probe_now and len(self.position_blocks) >= 5:
+            probe_sums = PositionProbeSums(len(self.position_blocks), self.seq_len, n_layers=n_states,
+                                           n_permutations=self.probe_permutations, seed=0)
+            shared = self.position_blocks[: len(self.probe)].equal(self.probe)
+            passes = [(self.position_blocks, True, True)] if shared else [*passes, (self.position_blocks, False, True)]
+        step = max(1, self.chunk_tokens // self.seq_len)  # blocks per chunk
+        D = model.d_model
+        for blocks, to_hidden, to_probe in passes:
+            for first in range(0, len(blocks), step):
+                chunk = blocks[first : first + step].to(device)
+                # the forward runs inside the generator, under the outer setting; the sums under the inner one
+                with _threads_for(chunk.numel() * 12 * D * D):  # a block's products: ~12 d^2 multiply-adds a token
+                    for i, H in enumerate(model.iter_hidden_states(chunk)):
+                        with _threads_for(chunk.numel() * D * D):  # the probe's x^T x
+                            if to_hidden and first < len(self.probe):
+                                hidden[i].add(H[: len(self.probe) - first], first)
+                            if to_probe:
+                                probe_sums.add(H, first, layer=i)
+        metrics = {}
+        with _threads_for(0):  # (d, d) eighs and products of d x d by d x 9 C: one thread
+            for i, sums in enumerate(hidden):
+                metrics.update({names.hidden_metric(i, k): v for k, v in sums.report(self.fixed_k).items()})
+            if probe_sums is not None:
+                for i in range(n_states):
+                    metrics.update({names.hidden_metric(i, k): v for k, v in probe_sums.report(i).items()})
         return metrics
 
     # -- the end of the run -------------------------------------------------------------

@@ -22,8 +22,12 @@ not "no information". This probe
 
 Every ridge fit needs only per-fold sums (n, sum x, sum x x^T, sum y, sum y^2, sum x y),
 so all folds, alphas and permutations come from one pass over the rows plus one (D, D)
-eigendecomposition per (outer or inner) fit: K^2 of them, whatever the number of
-permutations. Fitting the same nested CV with scikit-learn estimators would take
+eigendecomposition per distinct fitting set: K outer fits and K (K - 1) / 2 inner ones (15 at
+K = 5; the inner fit leaving out folds f and g serves outer folds f and g), whatever the number
+of permutations. The pass can be made in chunks of sequences on the states' device
+(``PositionProbeSums``: the training callback sums 13 layers x 128 blocks x 1024 positions at
+d 768 that way, never holding the states), in float64 (why: ``PositionProbeSums``).
+Fitting the same nested CV with scikit-learn estimators would take
 K^2 x n_alphas x (1 + n_permutations) x 2 fits (45k fits of ~0.05 s at 128 sequences x
 128 positions x D 128); this takes ~0.6 s with 100 permutations, ~0.16 s with 20 (one core).
 The tests check it against exactly those scikit-learn fits.
@@ -31,6 +35,8 @@ The tests check it against exactly those scikit-learn fits.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,70 +50,89 @@ ALPHAS = tuple(float(a) for a in np.logspace(-2, 6, 9))  # for z-scored features
 TARGETS = {"position": lambda t: t, "log_position": np.log1p}
 
 
-@dataclass(frozen=True)
+@dataclass
 class _FoldSums:
-    """Sufficient statistics of a ridge fit, summed over the sequences of each fold (K folds).
+    """Sufficient statistics of a ridge fit, summed over the sequences of each fold (K folds), float64.
 
-    y has C columns (targets x [observed, permutations]).
+    y has C columns (targets x [observed, permutations]). Tensors on the device they were summed on.
     """
 
-    n: np.ndarray  # (K,)
-    sx: np.ndarray  # (K, D)
-    sxx: np.ndarray  # (K, D, D)
-    sy: np.ndarray  # (K, C)
-    syy: np.ndarray  # (K, C)
-    sxy: np.ndarray  # (K, D, C)
+    n: Tensor  # (K,)
+    sx: Tensor  # (K, D)
+    sxx: Tensor  # (K, D, D)
+    sy: Tensor  # (K, C)
+    syy: Tensor  # (K, C)
+    sxy: Tensor  # (K, D, C)
 
-    def total(self, folds: list[int]) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        return tuple(getattr(self, name)[folds].sum(0) for name in ("n", "sx", "sxx", "sy", "syy", "sxy"))  # type: ignore[return-value]
+    def total(self, folds: Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        index = torch.as_tensor(list(folds), device=self.n.device)
+        return tuple(getattr(self, name)[index].sum(0) for name in ("n", "sx", "sxx", "sy", "syy", "sxy"))  # type: ignore[return-value]
 
 
-def _sse(sums: _FoldSums, fit: list[int], val: list[int], alphas: np.ndarray) -> np.ndarray:
-    """Validation SSE of ridge fits on folds ``fit`` scored on folds ``val``: (n_alphas, C).
+def _ridge(sums: _FoldSums, fit: Sequence[int], alphas: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Ridge weights fitted on folds ``fit``, (n_alphas, D, C) in raw-feature units, and the fitting means mu (D,), ybar (C,).
 
     Same model as StandardScaler + Ridge(alpha): z = (x - mu) / s with mu, s (population
     std, 1 where 0) from the fitting rows, w = (Z^T Z + alpha I)^-1 Z^T (y - ybar), and the
-    prediction ybar + z w. The SSE expands into the validation sums, so no row is touched.
+    prediction ybar + z w. One (D, D) eigendecomposition serves every alpha and column.
     """
     n, sx, sxx, sy, _, sxy = sums.total(fit)
     mu, ybar = sx / n, sy / n  # (D,), (C,)
-    cov = sxx / n - np.outer(mu, mu)
-    scale = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    scale[scale < 1e-12 * max(scale.max(), 1e-300)] = 1.0  # constant features, as StandardScaler
-    gram = n * cov / np.outer(scale, scale)  # Z^T Z
-    cross = (sxy - np.outer(mu, sy)) / scale[:, None]  # Z^T (y - ybar), (D, C)
-    evals, evecs = np.linalg.eigh(gram)  # one decomposition serves every alpha and column
+    cov = sxx / n - torch.outer(mu, mu)
+    scale = torch.diagonal(cov).clamp_min(0.0).sqrt()
+    scale = torch.where(scale < 1e-12 * scale.max().clamp_min(1e-300), 1.0, scale)  # constant features, as StandardScaler
+    gram = n * cov / torch.outer(scale, scale)  # Z^T Z
+    cross = (sxy - torch.outer(mu, sy)) / scale[:, None]  # Z^T (y - ybar), (D, C)
+    evals, evecs = torch.linalg.eigh(gram)
     proj = evecs.T @ cross  # (D, C)
-    w = evecs @ (proj[None] / (np.clip(evals, 0.0, None)[None, :, None] + alphas[:, None, None]))  # (n_alphas, D, C)
-    w = w / scale[None, :, None]  # back to raw-feature units
+    w = evecs @ (proj[None] / (evals.clamp_min(0.0)[None, :, None] + alphas[:, None, None]))  # (n_alphas, D, C)
+    return w / scale[None, :, None], mu, ybar
+
+
+def _sse(sums: _FoldSums, fitted: tuple[Tensor, Tensor, Tensor], val: Sequence[int]) -> Tensor:
+    """Validation SSE on folds ``val`` of the fits ``_ridge`` returned: (n_alphas, C).
+
+    sum over validation rows of ((y - ybar) - (x - mu) w)^2, expanded into the validation
+    sums, so no row is touched.
+    """
+    w, mu, ybar = fitted
     nv, sxv, sxxv, syv, syyv, sxyv = sums.total(val)
-    # sum over validation rows of ((y - ybar) - (x - mu) w)^2
     yy = syyv - 2 * ybar * syv + nv * ybar**2  # (C,)
-    xc_y = sxyv - np.outer(mu, syv) - np.outer(sxv, ybar) + nv * np.outer(mu, ybar)  # (D, C)
-    xx = sxxv - np.outer(mu, sxv) - np.outer(sxv, mu) + nv * np.outer(mu, mu)  # (D, D)
+    xc_y = sxyv - torch.outer(mu, syv) - torch.outer(sxv, ybar) + nv * torch.outer(mu, ybar)  # (D, C)
+    xx = sxxv - torch.outer(mu, sxv) - torch.outer(sxv, mu) + nv * torch.outer(mu, mu)  # (D, D)
     return yy[None] - 2 * (w * xc_y).sum(1) + (w * (xx @ w)).sum(1)
 
 
-def _cv_r2(sums: _FoldSums, alphas: np.ndarray) -> np.ndarray:
+def _cv_r2(sums: _FoldSums, alphas: Tensor) -> Tensor:
     """Pooled out-of-fold R^2 per column, alpha chosen per column by the inner CV: (C,).
 
     Outer fold f is scored with a model fitted on the other folds; its alpha is the one with
     the lowest pooled SSE over the inner folds, which are the other outer folds (each left
     out in turn from the fitting sequences): nested, grouped, and needing only fold sums.
+    The inner fit that leaves out f and g is the same for outer fold f and outer fold g, so
+    K + K (K - 1) / 2 fits serve all K^2 (15 of 25 at K = 5).
     """
     K = len(sums.n)
-    n_all, _, _, sy, syy, _ = sums.total(list(range(K)))
+    n_all, _, _, sy, syy, _ = sums.total(range(K))
     sst = syy - sy**2 / n_all
-    sse = np.zeros_like(sst)
-    columns = np.arange(len(sst))
+    sse = torch.zeros_like(sst)
+    columns = torch.arange(len(sst), device=sst.device)
+    fits: dict[frozenset[int], tuple[Tensor, Tensor, Tensor]] = {}
+
+    def fitted(folds: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        key = frozenset(folds)
+        if key not in fits:
+            fits[key] = _ridge(sums, folds, alphas)
+        return fits[key]
+
     for f in range(K):
         fit = [g for g in range(K) if g != f]
-        best = np.zeros(len(sst), dtype=int)
+        best = torch.zeros(len(sst), dtype=torch.long, device=sst.device)
         if len(alphas) > 1:
-            inner = sum(_sse(sums, [h for h in fit if h != g], [g], alphas) for g in fit)
-            best = inner.argmin(axis=0)  # lowest pooled inner SSE = highest pooled inner R^2
-        sse += _sse(sums, fit, [f], alphas)[best, columns]
-    return 1.0 - sse / np.maximum(sst, 1e-300)
+            inner = sum(_sse(sums, fitted([h for h in fit if h != g]), [g]) for g in fit)
+            best = inner.argmin(dim=0)  # lowest pooled inner SSE = highest pooled inner R^2
+        sse += _sse(sums, fitted(fit), [f])[best, columns]
+    return 1.0 - sse / sst.clamp_min(1e-300)
 
 
 NULLS = ("shift", "permute")
@@ -134,6 +159,95 @@ def label_shuffles(B: int, T: int, n_shuffles: int, kind: str = "shift", seed: i
     return rng.permuted(np.broadcast_to(np.arange(T), (n_shuffles, B, T)), axis=-1)
 
 
+class PositionProbeSums:
+    """The probe's fold sums for n_layers layers, accumulated chunk by chunk of blocks on the states' device.
+
+    Built from the number of blocks B and their length T (the folds, GroupKFold by block, and the
+    relabellings, label_shuffles, are fixed by B, T and the seed); then ``add`` each chunk of hidden
+    states (b, T, D) with the index of its first block and its layer, in any order; ``report(layer)``.
+    Equal to position_probe on the whole (B, T, D) to rounding, whatever the chunks.
+
+    Memory: K (D^2 + D C + 2 C) float64 per layer (C = 2 (1 + n_permutations) label columns;
+    d 768, K 5: 24 MB a layer), plus the (n_permutations, B, T) relabellings, instead of the
+    (B, T, D) states. Everything is float64, because the fit reads differences of large sums:
+    the centred cross-products x x^T - n mu mu^T (a hidden state's mean is often far larger
+    than its spread along some directions), and an SSE that is yy - 2 w.xy + w^T xx w with
+    SSE << yy when position is read well (R^2 0.999 leaves 3 digits of float32's 7). The
+    features are shifted and scaled by the first chunk's mean and std (per feature) before
+    summing, which keeps those differences small; the fit standardises per fold anyway, so
+    the shift and scale do not change it (only its rounding).
+    """
+
+    def __init__(self, B: int, T: int, n_layers: int = 1, n_splits: int = 5, n_permutations: int = 100,
+                 seed: int = 0, null: str = "shift") -> None:
+        if n_splits < 2 or B < n_splits:
+            raise ValueError(f"need n_splits >= 2 and at least n_splits sequences; got n_splits={n_splits}, B={B}")
+        self.B, self.T, self.n_splits, self.n_permutations = B, T, n_splits, n_permutations
+        self.fold_of = np.empty(B, dtype=np.int64)
+        for f, (_, members) in enumerate(GroupKFold(n_splits=n_splits).split(np.arange(B), groups=np.arange(B))):
+            self.fold_of[members] = f
+        self.perms = label_shuffles(B, T, n_permutations, null, seed)  # (n_perm, B, T)
+        t = np.arange(T, dtype=np.float64)
+        self.labels = np.stack([fn(t) for fn in TARGETS.values()], axis=-1)  # (T, n_targets)
+        self.sums: list[_FoldSums | None] = [None] * n_layers
+        self.conditioning: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
+        self.rows = np.zeros(n_layers, dtype=np.int64)
+        self._y: tuple[int, int, Tensor] | None = None  # the last chunk's labels, shared by its layers
+
+    def _chunk_labels(self, first_block: int, b: int, device: torch.device) -> Tensor:
+        """(b, T, C) label columns of blocks first_block .. + b: target-major, [observed, perm_1 .. perm_n] each, centred."""
+        if self._y is None or self._y[:2] != (first_block, b) or self._y[2].device != device:
+            labels, perms = self.labels, self.perms[:, first_block : first_block + b]  # (n_perm, b, T)
+            y = np.concatenate([labels[None].repeat(b, 0)[:, :, None, :], labels[perms.transpose(1, 2, 0)]], axis=2)
+            y = y.transpose(0, 1, 3, 2).reshape(b, self.T, -1)  # (b, T, n_targets * (1 + n_perm))
+            y = y - labels.mean(0).repeat(1 + self.n_permutations)  # centre each target (conditioning)
+            self._y = (first_block, b, torch.from_numpy(y).to(device))
+        return self._y[2]
+
+    def add(self, H: Tensor | np.ndarray, first_block: int, layer: int = 0) -> None:
+        """Hidden states H (b, T, D) of blocks first_block .. first_block + b - 1 at ``layer``."""
+        x = torch.as_tensor(H).detach().to(torch.float64)
+        if x.ndim != 3 or x.shape[1] != self.T:
+            raise ValueError(f"H must be (b, T={self.T}, D), got shape {tuple(x.shape)}")
+        b, T, D = x.shape
+        if self.conditioning[layer] is None:  # conditioning only: z-scoring is refitted per fold
+            shift, scale = x.mean(dim=(0, 1)), x.std(dim=(0, 1), correction=0)
+            scale = torch.where(scale < 1e-12 * scale.max().clamp_min(1e-300), 1.0, scale)
+            self.conditioning[layer] = (shift, scale)
+        shift, scale = self.conditioning[layer]
+        x = (x - shift) / scale
+        y = self._chunk_labels(first_block, b, x.device)
+        C = y.shape[-1]
+        if self.sums[layer] is None:
+            zeros = functools.partial(torch.zeros, dtype=torch.float64, device=x.device)
+            K = self.n_splits
+            self.sums[layer] = _FoldSums(zeros(K), zeros(K, D), zeros(K, D, D), zeros(K, C), zeros(K, C), zeros(K, D, C))
+        sums = self.sums[layer]
+        folds = self.fold_of[first_block : first_block + b]
+        for f in np.unique(folds):
+            members = torch.from_numpy(np.flatnonzero(folds == f)).to(x.device)
+            xf, yf = x[members].reshape(-1, D), y[members].reshape(-1, C)
+            sums.n[f] += len(xf)
+            sums.sx[f] += xf.sum(0)
+            sums.sxx[f] += xf.T @ xf
+            sums.sy[f] += yf.sum(0)
+            sums.syy[f] += (yf * yf).sum(0)
+            sums.sxy[f] += xf.T @ yf
+        self.rows[layer] += b * T
+
+    def report(self, layer: int = 0, alphas: tuple[float, ...] = ALPHAS) -> dict[str, float]:
+        """position_probe's figures for ``layer`` (every block must have been added)."""
+        if self.rows[layer] != self.B * self.T:
+            raise ValueError(f"{self.rows[layer]} rows added at layer {layer}, the blocks have {self.B * self.T}")
+        sums = self.sums[layer]
+        r2 = _cv_r2(sums, torch.tensor(alphas, dtype=torch.float64, device=sums.n.device))
+        r2 = r2.cpu().numpy().reshape(len(TARGETS), 1 + self.n_permutations)
+        report: dict[str, float] = {}
+        for i, name in enumerate(TARGETS):
+            report |= null_summary(f"{name}_r2", float(r2[i, 0]), r2[i, 1:], alternative="greater")
+        return report
+
+
 def position_probe(
     H: Tensor | np.ndarray,
     n_splits: int = 5,
@@ -154,35 +268,11 @@ def position_probe(
                               p one-sided (greater), (k+1)/(n+1), range [1/(n+1), 1]
     n_splits outer folds of whole sequences (GroupKFold); alpha from ``alphas`` by the inner
     CV over the other n_splits - 1 folds (see _cv_r2); a single alpha = no inner choice.
+    Computed on H's device; H as one chunk of PositionProbeSums, which a caller with more
+    blocks than memory feeds chunk by chunk instead (the same figures, to rounding).
     """
-    H = np.asarray(H.detach().to(torch.float64) if isinstance(H, Tensor) else H, dtype=np.float64)
     if H.ndim != 3:
-        raise ValueError(f"H must be (B, T, D), got shape {H.shape}")
-    B, T, D = H.shape
-    if n_splits < 2 or B < n_splits:
-        raise ValueError(f"need n_splits >= 2 and at least n_splits sequences; got n_splits={n_splits}, B={B}")
-    H = (H - H.mean(axis=(0, 1))) / np.maximum(H.std(axis=(0, 1)), 1e-300)  # conditioning only: z-scoring is refitted per fold
-    t = np.arange(T, dtype=np.float64)
-    labels = np.stack([fn(t) for fn in TARGETS.values()], axis=-1)  # (T, n_targets)
-    perms = label_shuffles(B, T, n_permutations, null, seed)  # (n_perm, B, T)
-    # columns: target-major, [observed, perm_1 .. perm_n] for each target
-    y = np.concatenate([labels[None].repeat(B, 0)[:, :, None, :], labels[perms.transpose(1, 2, 0)]], axis=2)  # (B, T, 1+n, n_targets)
-    y = y.transpose(0, 1, 3, 2).reshape(B, T, -1)
-    y = y - labels.mean(0).repeat(1 + n_permutations)  # centre each target (conditioning)
-    fold_members = [test for _, test in GroupKFold(n_splits=n_splits).split(np.arange(B), groups=np.arange(B))]
-    Hf = [H[m].reshape(-1, D) for m in fold_members]
-    yf = [y[m].reshape(-1, y.shape[-1]) for m in fold_members]
-    sums = _FoldSums(
-        n=np.array([len(h) for h in Hf], dtype=np.float64),
-        sx=np.stack([h.sum(0) for h in Hf]),
-        sxx=np.stack([h.T @ h for h in Hf]),
-        sy=np.stack([v.sum(0) for v in yf]),
-        syy=np.stack([(v**2).sum(0) for v in yf]),
-        sxy=np.stack([h.T @ v for h, v in zip(Hf, yf)]),
-    )
-    r2 = _cv_r2(sums, np.asarray(alphas, dtype=np.float64)).reshape(len(TARGETS), 1 + n_permutations)
-    report: dict[str, float] = {}
-    for i, name in enumerate(TARGETS):
-        report |= null_summary(f"{name}_r2", float(r2[i, 0]), r2[i, 1:], alternative="greater")
-    return report
-
+        raise ValueError(f"H must be (B, T, D), got shape {tuple(H.shape)}")
+    sums = PositionProbeSums(H.shape[0], H.shape[1], n_splits=n_splits, n_permutations=n_permutations, seed=seed, null=null)
+    sums.add(H, 0)
+    return sums.report(alphas=alphas)

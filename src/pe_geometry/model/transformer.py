@@ -15,7 +15,7 @@ decoding (see model/sampling.py): each call then reads only the new tokens.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +118,7 @@ class Stack(nn.Module):
         self.causal = causal
         self.embedding = config.embedding(vocab_size=config.vocab_size, d_model=config.d_model)
         self.pe = config.pe(d_model=config.d_model, n_heads=config.n_heads)
+        self.pe.causal = causal  # a relative encoding may differ by direction (T5's buckets, CoPE's tables)
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, self.pe, cross_attention) for _ in range(config.n_layers))
         self.ln_final = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
@@ -145,11 +146,15 @@ class Stack(nn.Module):
 
         n_layers + 1 tensors (B, T, D); the last one is what ``forward`` returns.
         """
-        states = [self.embed(idx)]
+        return list(self.iter_hidden_states(idx, context))
+
+    def iter_hidden_states(self, idx: Tensor, context: Tensor | None = None) -> Iterator[Tensor]:
+        """``hidden_states`` one at a time: only the state being read (and the next one) is alive."""
+        x = self.embed(idx)
         for block in self.blocks:
-            states.append(block(states[-1], causal=self.causal, context=context))
-        states[-1] = self.ln_final(states[-1])
-        return states
+            yield x
+            x = block(x, causal=self.causal, context=context)
+        yield self.ln_final(x)
 
 
 class LanguageModel(nn.Module):
@@ -222,6 +227,10 @@ class LanguageModel(nn.Module):
     def hidden_states(self, idx: Tensor) -> list[Tensor]:
         """The input stack's block inputs then its output: n_layers + 1 tensors (B, T, D); see ``Stack.hidden_states``."""
         return self.input_stack.hidden_states(idx)
+
+    def iter_hidden_states(self, idx: Tensor) -> Iterator[Tensor]:
+        """``hidden_states`` one at a time (a generator), so a caller reading layer by layer holds one, not all."""
+        return self.input_stack.iter_hidden_states(idx)
 
     def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """The objective on a (B, seq_len + 1) block: logits (B, T', vocab) and targets (B, T') (IGNORE_INDEX: no target)."""

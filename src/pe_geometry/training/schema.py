@@ -91,8 +91,40 @@ class LearnedSettings(TargetSettings):
     init_k: int = what("a positive integer", 8, ge=1)
 
 
+# model.positional.ROPE_SCALINGS (kept here so the schema imports no torch; tests/test_pe_families.py checks they agree)
+ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
+
+
 class RotarySettings(TargetSettings):
     base: float = what("a number > 1", 10000.0, gt=1, allow_inf_nan=False)
+    scaling: Literal[ROPE_SCALINGS] = what(f"one of {list(ROPE_SCALINGS)}", "none")  # type: ignore[valid-type]
+    scaling_factor: float = what("a number >= 1 (times the training length)", 1.0, ge=1, allow_inf_nan=False)
+    training_length: int | None = what("a positive integer (the length trained at), or null", None, ge=1)
+    yarn_alpha: float | None = what("a number >= 0, or null for the rescaled default", None, ge=0, allow_inf_nan=False)
+    yarn_beta: float | None = what("a number > 0, or null for the rescaled default", None, gt=0, allow_inf_nan=False)
+    yarn_attention_factor: float | None = what("a number > 0, or null for 0.1 ln(s) + 1", None, gt=0, allow_inf_nan=False)
+
+
+class XPosSettings(TargetSettings):
+    base: float = what("a number > 1", 10000.0, gt=1, allow_inf_nan=False)
+    gamma: float = what("a number > 0", 0.4, gt=0, allow_inf_nan=False)
+    scale_base: float = what("a number > 0 (tokens)", 512.0, gt=0, allow_inf_nan=False)
+    training_length: int = what("a positive integer (the length trained at)", 512, ge=1)
+
+
+class T5BiasSettings(TargetSettings):
+    num_buckets: int = what("an integer >= 4", 32, ge=4)
+    max_distance: int = what("an integer >= 2 (tokens)", 128, ge=2)
+
+
+class FireSettings(TargetSettings):
+    mlp_width: int = what("a positive integer", 32, ge=1)
+    init_c: float = what("a number > 0", 0.1, gt=0, allow_inf_nan=False)
+    init_threshold: float = what("a number >= 1 (tokens)", 512.0, ge=1, allow_inf_nan=False)
+
+
+class CoPESettings(TargetSettings):
+    p_max: int = what("an integer >= 2", 64, ge=2)
 
 
 class EmbeddingSettings(TargetSettings):
@@ -210,6 +242,7 @@ class GeometrySettings(TargetSettings):
     position_probe_every_n_steps: int = what("an integer >= 1", 500, ge=1)
     position_probe_blocks: int = what("an integer >= 5 (5-fold cross-validation by block)", 128, ge=5)
     position_probe_permutations: int = what("an integer >= 2", 20, ge=2)
+    chunk_tokens: int = what("an integer >= 1", 8192, ge=1)
 
 
 class ProgressSettings(TargetSettings):
@@ -276,6 +309,10 @@ SETTINGS: dict[str, type[TargetSettings]] = {
     "pe_geometry.model.SinusoidalPE": SinusoidalSettings,
     "pe_geometry.model.LearnedPE": LearnedSettings,
     "pe_geometry.model.RotaryPE": RotarySettings,
+    "pe_geometry.model.XPosPE": XPosSettings,
+    "pe_geometry.model.T5BiasPE": T5BiasSettings,
+    "pe_geometry.model.FirePE": FireSettings,
+    "pe_geometry.model.CoPE": CoPESettings,
     "pe_geometry.model.TokenEmbedding": EmbeddingSettings,
     "pe_geometry.data.datamodule.TextDataModule": DataSettings,
     "pe_geometry.data.hf.HFDataModule": HFDataSettings,
