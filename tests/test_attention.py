@@ -11,9 +11,23 @@ from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAtt
 from tests.conftest import CONFIG_DIR, PE_TYPES
 
 
-def pe_factory(name: str):
-    """The PE exactly as its config group builds it: new yaml files are tested automatically."""
-    return instantiate(OmegaConf.load(CONFIG_DIR / "pe" / f"{name}.yaml"))
+def pe_factory(name: str, seq_len: int = 64, **overrides):
+    """The PE exactly as its config group builds it (``${data.seq_len}`` as a run of ``seq_len`` resolves it):
+    new yaml files are tested automatically."""
+    cfg = OmegaConf.create({"data": {"seq_len": seq_len}, "pe": OmegaConf.load(CONFIG_DIR / "pe" / f"{name}.yaml")})
+    cfg.pe.merge_with(overrides)
+    return instantiate(cfg.pe)
+
+
+def live(model: torch.nn.Module, std: float = 0.5) -> torch.nn.Module:
+    """The model with noise of ``std`` added to every PE weight (CoPE's table starts at zero, FIRE's bias near it, T5's
+    at 0.02): a bug in where a cached step places its tokens then shows in the logits."""
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".pe." in f".{name}":
+                p.add_(torch.randn(p.shape, generator=g) * std)
+    return model
 
 
 def build(model_cls, pe: str, attention, **kw):

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, LearnedPE, SDPAttention
 from pe_geometry.model.sampling import Decoding, fill_masks, generate, next_token, token_nll, top_k_filter, top_p_filter
 from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, tiny_train_config
-from tests.test_attention import build
+from tests.test_attention import build, live
 
 NEG_INF = float("-inf")
 
@@ -32,7 +32,7 @@ def incremental_logits(model, idx: torch.Tensor, src: torch.Tensor | None) -> to
 @pytest.mark.parametrize("pe", PE_TYPES)
 @pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
 def test_cached_decoding_gives_the_logits_of_a_full_forward_pass(model_cls, pe, attention):
-    model = build(model_cls, pe, attention).eval()
+    model = live(build(model_cls, pe, attention)).eval()  # every PE weight at random: CoPE's table starts at zero
     idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
     src = idx[:, :7] if model_cls is EncoderDecoder else None
     with torch.no_grad():
@@ -72,7 +72,7 @@ def test_cache_keeps_keys_already_rotated_and_encoder_output_once():
 @pytest.mark.parametrize("pe", PE_TYPES)
 @pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
 def test_greedy_text_is_the_same_with_and_without_the_cache(model_cls, pe):
-    model = build(model_cls, pe, SDPAttention).eval()
+    model = live(build(model_cls, pe, SDPAttention)).eval()
     prompt = torch.randint(50, (2, 6), generator=torch.Generator().manual_seed(2))
     cached = generate(model, prompt, 30, temperature=0, use_cache=True)
     uncached = generate(model, prompt, 30, temperature=0, use_cache=False)
@@ -102,7 +102,7 @@ def test_the_same_seed_gives_the_same_sample_and_another_seed_another():
 def test_windowed_cached_logits_equal_an_uncached_forward_over_the_last_n_tokens(model_cls, pe, attention, prompt_len):
     """At every step, before and after the window starts to slide, the cached logits are those of a plain
     forward pass over the last N tokens (the encoder-decoder: its last source window, its last decoder window)."""
-    model = build(model_cls, pe, attention).eval()
+    model = live(build(model_cls, pe, attention)).eval()
     context = 10
     prompt = torch.randint(50, (2, prompt_len), generator=torch.Generator().manual_seed(4))
     decoding = Decoding(model, prompt, context=context, use_cache=True)
@@ -271,6 +271,30 @@ def test_generate_fills_in_the_blanks_with_an_encoder_checkpoint(trained_runs):
     assert text.startswith("To be, or not to") and "<mask>" not in text and text.count(" ") >= 8
     with pytest.raises(GenerateError, match="mark them with <mask>"):
         run(generate_options(ckpt, prompt="no blanks here"))
+
+
+def test_a_rope_run_is_read_with_an_inference_scaling_it_was_not_trained_with(trained_runs):
+    """pe-generate's ``pe.scaling=yarn pe.scaling_factor=4`` over a run trained with scaling=none: same weights,
+    other angles; a setting the run's encoding does not have is one line naming the valid ones."""
+    from pe_geometry.cli.generate import run
+    from pe_geometry.training.run_loader import RunLoadError, load_trained_run
+
+    plain = load_trained_run(trained_runs["encoder"])
+    scaled = load_trained_run(trained_runs["encoder"], pe_overrides={"scaling": "yarn", "scaling_factor": 4, "yarn_beta": None})
+    pe = scaled.model.encoder.pe
+    assert (pe.scaling, pe.scaling_factor, pe.training_length) == ("yarn", 4.0, 16)  # training_length: the run's data.seq_len
+    assert all(torch.equal(a, b) for a, b in zip(plain.model.state_dict().values(), scaled.model.state_dict().values()))
+    ids = torch.randint(5, 50, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert not torch.allclose(plain.model(ids), scaled.model(ids))
+    ckpt = trained_runs["encoder"] / "checkpoints" / "last.ckpt"
+    options = {"prompt": "To be, or not to <mask>", "num_samples": 1, "context": "full"}
+    (text,) = run(generate_options(ckpt, **options, pe={"scaling": "ntk", "scaling_factor": 2.0}))
+    assert "<mask>" not in text
+    with pytest.raises(RunLoadError, match=r"pe.scaling is not a setting of pe \(pe_geometry.model.LearnedPE\); valid: \["):
+        load_trained_run(trained_runs["decoder"], pe_overrides={"scaling": "yarn"})
+    with pytest.raises(RunLoadError, match=r"pe.scaling=cubic must be one of"):
+        load_trained_run(trained_runs["encoder"], pe_overrides={"scaling": "cubic"})
 
 
 def test_the_default_run_ends_with_a_sample(trained_runs):

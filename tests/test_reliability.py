@@ -798,3 +798,16 @@ def test_sigterm_during_the_final_validation_lets_the_run_finish_its_rows(tmp_pa
     if HAS_GEOMETRY:
         assert logged_steps(metrics, "geometry/abs_cos_mean")[-1] == 4
     assert load_ckpt(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 4
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), None])
+def test_the_non_finite_weight_check_names_the_bad_tensor_and_clears_huge_finite_ones(bad):
+    from pe_geometry.training.task import first_non_finite_parameter
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with torch.no_grad():
+        if bad is None:  # finite, but its norm overflows float32: the fast pass flags it, the exact pass clears it
+            module[1].weight.fill_(1e30)
+        else:
+            module[1].bias[2] = bad
+    assert first_non_finite_parameter(module) == (None if bad is None else "1.bias")

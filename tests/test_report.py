@@ -53,9 +53,21 @@ def test_study_config_composes_for_every_pe(study, pe, tmp_path):
     assert hydra_cfg.runtime.choices.pe == pe
     assert hydra_cfg.runtime.choices.model == ("encoder" if study.endswith("encoder") else "decoder")
     params = hydra_cfg.sweeper.params
-    assert sorted(params.pe.split(",")) == PE_TYPES  # the sweep covers every shipped PE type
+    # the study sweeps the five families its committed report has; the extrapolation benchmark sweeps every one
+    assert sorted(params.pe.split(",")) == sorted(["sinusoidal", "learned", "rope", "alibi", "none"])
     assert params.seed.split(",") == ["0", "1", "2"]
     assert cfg.logger.wandb.group.startswith(study)
+    assert cfg.model.d_model == 64 and cfg.data.seq_len == 64
+
+
+@pytest.mark.parametrize("study", ["extrapolation", "extrapolation_encoder"])
+def test_the_extrapolation_benchmark_sweeps_every_shipped_pe_without_the_geometry_recorder(study, tmp_path):
+    cfg = compose_train_config([f"experiment={study}"], output_dir=tmp_path)
+    check_config(cfg)
+    hydra_cfg = HydraConfig.get()
+    assert sorted(hydra_cfg.sweeper.params.pe.split(",")) == PE_TYPES
+    assert hydra_cfg.sweeper.params.seed.split(",") == ["0", "1", "2"]
+    assert "geometry" not in cfg.callbacks or cfg.callbacks.geometry is None
     assert cfg.model.d_model == 64 and cfg.data.seq_len == 64
 
 

@@ -5,6 +5,7 @@
     pe-generate ckpt_path=... prompt="ROMEO:" temperature=0           # greedy
     pe-generate ckpt_path=... max_new_tokens=600 context=full          # read the whole text (extrapolation)
     pe-generate ckpt_path=<encoder run>/checkpoints/last.ckpt prompt="ROMEO: <mask> me, I pray"
+    pe-generate ckpt_path=<rope run> context=full pe.scaling=yarn pe.scaling_factor=4   # RoPE scaled at inference
 
 The model and its tokenizer are rebuilt from the checkpoint's own config by ``training.run_loader.load_trained_run``
 (options in configs/generate.yaml); a run folder works as ckpt_path too (its checkpoints/last.ckpt).
@@ -92,7 +93,7 @@ def run(cfg: DictConfig) -> list[str]:
 
     check_options(cfg)
     device = pick_device(cfg.device)
-    loaded = load_trained_run(cfg.ckpt_path, device)
+    loaded = load_trained_run(cfg.ckpt_path, device, pe_overrides=OmegaConf.to_container(cfg.get("pe") or {}))
     model, tokenizer = loaded.model, loaded.tokenizer
     text = str(cfg.prompt).replace("\\n", "\n")
     ids = prompt_ids(model, tokenizer.encode(text).ids, tokenizer.token_to_id("<eos>"))

@@ -45,7 +45,7 @@ class KVCache:
 class MultiHeadAttention(nn.Module):
     """Projections and head reshaping; subclasses implement ``attend``.
 
-    Self-attention applies the positional hooks (``rotate_qk``, ``score_bias``);
+    Self-attention applies the positional hooks (``rotate_qk``, ``score_bias``, ``qk_bias``);
     cross-attention (``context`` given) does not: the two sequences' positions
     are unrelated, as in the original encoder-decoder.
     """
@@ -130,6 +130,9 @@ class MultiHeadAttention(nn.Module):
             if past is not None:
                 k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)  # (B, H, start + T, dh)
             bias = self.pe.score_bias(T, k.shape[2], start)  # (H, T, S) or None
+            contextual = self.pe.qk_bias(q, k, start, causal)  # (B, H, T, S) or None: CoPE
+            if contextual is not None:
+                bias = contextual if bias is None else bias + contextual
         if cache is not None:
             cache.put(self, k, v)
         causal = causal and T > 1  # a single query is the newest position: it may see every key

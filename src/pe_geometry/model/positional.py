@@ -1,13 +1,17 @@
 """Positional encodings behind one small interface.
 
 Positional schemes differ in *where* they act, so every encoding implements
-three hooks and the model calls all three without knowing which one it has:
+four hooks and the model calls all of them without knowing which one it has:
 
 - ``input_term(seq_len)``: a (T, D) tensor added to the token embeddings, or None
   (sinusoidal, learned);
-- ``rotate_qk(q, k)``: a transform of queries and keys inside attention (RoPE);
+- ``rotate_qk(q, k)``: a transform of queries and keys inside attention (RoPE, xPos);
 - ``score_bias(q_len, k_len)``: an (H, Tq, Tk) tensor added to attention scores,
-  or None (ALiBi).
+  or None (ALiBi, T5 bias, FIRE, Kerple);
+- ``qk_bias(q, k, start_pos, causal)``: a (B, H, Tq, Tk) tensor added to attention scores that
+  depends on the queries and keys themselves, or None (CoPE).
+
+The attention scores these act on are the logits the softmax reads, q.k / sqrt(d_head) + bias.
 
 Each hook takes ``start_pos``, the absolute position of the first token it is
 given (0 in a full forward pass). Incremental decoding with a key/value cache
@@ -15,11 +19,18 @@ feeds only the new tokens, so they must be placed at their own positions: the
 input term of position ``start_pos``, RoPE rotation by ``start_pos + i``, ALiBi
 distances from the new queries to all cached keys (which start at position 0).
 
+One encoding module belongs to one stack and is shared by all its blocks: a learned bias (T5's
+table, FIRE's MLP, Kerple's r1/r2, CoPE's position vectors) is one set of weights per stack, not
+one per layer. The stack sets ``causal`` on its encoding after building it (True in a decoder):
+an encoding whose form differs by direction (T5's buckets) reads it.
+
 ``position_table`` exposes the absolute table when there is one (for analysis);
 ``max_positions`` is the longest sequence the encoding can place (None = no limit).
 ``finish_init(embedding)`` is called once by the model after its own weight init,
 with the final word embedding: an encoding whose table depends on the embedding
 (a table inside its principal subspace, a table at the word norm) sets it there.
+``check_settings`` refuses settings that cannot work (one line naming the key);
+``settings_warnings`` returns the lines to warn with when a setting works but does not fit the run.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
@@ -37,6 +49,8 @@ LEARNED_INITS = ("normal", "mixed")
 
 class PositionalEncoding(nn.Module):
     """Base class: a no-op in every hook. Subclasses override what they use."""
+
+    causal: bool = False  # set by the stack that owns the encoding (a decoder's: True)
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -50,6 +64,13 @@ class PositionalEncoding(nn.Module):
         ``settings`` are the encoding's own config keys (``max_len``, ``base``, ...); the base accepts anything.
         """
 
+    @classmethod
+    def settings_warnings(
+        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", **settings
+    ) -> list[str]:
+        """Lines to warn with (one each) when a setting works but does not fit this run; the base has none."""
+        return []
+
     def finish_init(self, embedding: TokenEmbedding) -> None:
         """Called once after the model's weight init (E is final, tied or not); the default does nothing."""
 
@@ -61,6 +82,18 @@ class PositionalEncoding(nn.Module):
 
     def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor | None:
         return None
+
+    def qk_bias(self, q: Tensor, k: Tensor, start_pos: int = 0, causal: bool = False) -> Tensor | None:
+        """A (B, H, Tq, Tk) score term computed from the queries and keys (B, H, T, dh), or None.
+
+        ``causal``: whether the attention masks keys after each query (the queries are then the last Tq
+        of the Tk positions, as with a cache)."""
+        return None
+
+    def cache_stays_exact(self, n_positions: int) -> bool:
+        """Whether keys cached while fewer tokens were read are still what a full pass over ``n_positions``
+        tokens computes (False: a decoder must re-encode, see model/sampling.py's ``Decoding``)."""
+        return True
 
     @property
     def max_positions(self) -> int | None:
@@ -202,49 +235,225 @@ class LearnedPE(PositionalEncoding):
         return self.weight
 
 
+ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
+# YaRN's defaults for Llama (Peng et al. 2023): alpha 1, beta 32 rotations within a 4096-token training length,
+# RoPE base 10000. They are rescaled to a run's training length and base by ``yarn_thresholds``.
+YARN_REFERENCE = {"training_length": 4096, "base": 10000.0, "alpha": 1.0, "beta": 32.0}
+
+
+def yarn_thresholds(training_length: int, base: float) -> tuple[float, float]:
+    """YaRN's (alpha, beta) for a model trained at ``training_length`` with RoPE ``base``: Llama's defaults moved to
+    the same *fraction of the head's dimension pairs*.
+
+    Pair i (of d/2) turns r_i = L * theta_i / (2 pi) times within the training length L, theta_i = base^(-2i/d).
+    YaRN keeps the pairs with r > beta, interpolates those with r < alpha fully, and ramps linearly in between. With
+    Llama's alpha 1 and beta 32 at L 4096 and base 10000, the pairs with 2i/d < 0.327 stay as trained and those with
+    2i/d > 0.704 are fully interpolated, whatever d is. At our sizes (L 64, d_head 16) the same alpha and beta
+    would scale every pair (r_0 = 10.2 < 32). The rule: alpha and beta are the r of the pairs at the fractions
+    0.704 and 0.327, ``r(f) = L / (2 pi) * base^(-f)``; with base 10000 that is alpha = L / 4096, beta = 32 L / 4096
+    (L 64: 1/64 and 1/2: 3 of 8 pairs at d_head 16 stay as trained, 2 are fully interpolated). d_head enters only
+    through which pairs fall on either side of those fractions.
+    """
+    ref = YARN_REFERENCE
+
+    def pair_fraction(r: float) -> float:  # the fraction 2i/d at which a pair turns r times in Llama's setting
+        return math.log(ref["training_length"] / (2 * math.pi * r)) / math.log(ref["base"])
+
+    def rotations(fraction: float) -> float:
+        return training_length / (2 * math.pi) * base ** (-fraction)
+
+    return rotations(pair_fraction(ref["alpha"])), rotations(pair_fraction(ref["beta"]))
+
+
 class RotaryPE(PositionalEncoding):
-    """RoPE (Su et al. 2021): rotate each (even, odd) pair of q and k by pos * theta_i.
+    """RoPE (Su et al. 2021): rotate each (even, odd) pair of q and k by pos * theta_i, theta_i = base^(-2i/d_head).
 
     Then q_m . k_n depends on positions only through m - n.
+
+    ``scaling`` stretches RoPE past the training length (``training_length``, the run's ``data.seq_len``) by
+    ``scaling_factor`` s; it changes no weight, so a model trained with ``scaling="none"`` loads into any of them:
+
+    - ``linear``: position interpolation (Chen et al. 2023): theta_i / s;
+    - ``ntk``: NTK-aware base, base * s^(d/(d-2)) (bloc97; x-transformers' ``base_rescale_factor``);
+    - ``dynamic_ntk``: the NTK base for the length L read so far, base * (s L / L_train - (s - 1))^(d/(d-2)) once
+      L > L_train (unchanged below it). Every position of a text of length L gets that base, so a token's key
+      changes as the text grows: ``cache_stays_exact`` is False past the training length and generation re-encodes;
+    - ``yarn`` (Peng et al. 2023): per pair, theta_i' = (1 - g_i) theta_i / s + g_i theta_i with the ramp
+      g_i = clamp((r_i - alpha) / (beta - alpha), 0, 1), r_i = L_train theta_i / (2 pi) the pair's turns within the
+      training length; q and k are each multiplied by ``yarn_attention_factor`` (the paper's sqrt(1/t), default
+      0.1 ln s + 1), so the logits by its square. ``yarn_alpha`` / ``yarn_beta`` default to Llama's (1, 32) rescaled
+      to this training length and base (``yarn_thresholds``).
+
+    Angles are computed in float64 and applied in the activations' dtype (float32 tables cast once).
     """
 
-    def __init__(self, d_model: int, n_heads: int, base: float = 10000.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        base: float = 10000.0,
+        scaling: str = "none",
+        scaling_factor: float = 1.0,
+        training_length: int | None = None,
+        yarn_alpha: float | None = None,
+        yarn_beta: float | None = None,
+        yarn_attention_factor: float | None = None,
+    ) -> None:
         super().__init__(d_model, n_heads)
-        self.check_settings(d_model, n_heads, seq_len=0)
+        RotaryPE.check_settings(  # RoPE's own keys (a subclass checks its own)
+            d_model, n_heads, seq_len=0, base=base, scaling=scaling, scaling_factor=scaling_factor,
+            training_length=training_length, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
+        )
         d_head = d_model // n_heads
         self.base, self.d_head = base, d_head
-        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
-        self._cache: tuple[int, Tensor, Tensor] | None = None
+        self.scaling, self.scaling_factor, self.training_length = scaling, float(scaling_factor), training_length
+        if scaling == "yarn":
+            default_alpha, default_beta = yarn_thresholds(training_length, base)
+            self.yarn_alpha = default_alpha if yarn_alpha is None else float(yarn_alpha)
+            self.yarn_beta = default_beta if yarn_beta is None else float(yarn_beta)
+            default_factor = 0.1 * math.log(self.scaling_factor) + 1.0 if self.scaling_factor > 1 else 1.0
+            self.attention_factor = default_factor if yarn_attention_factor is None else float(yarn_attention_factor)
+        else:
+            self.attention_factor = 1.0
+        self.register_buffer("inv_freq", self.frequencies(0).float(), persistent=False)
+        self._cache: tuple[int, float, torch.device, Tensor, Tensor] | None = None
 
     @classmethod
-    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, **settings) -> None:
-        if (d_model // n_heads) % 2:
+    def check_settings(
+        cls, d_model: int, n_heads: int, seq_len: int, scaling: str = "none", scaling_factor: float = 1.0,
+        training_length: int | None = None, yarn_alpha: float | None = None, yarn_beta: float | None = None, **settings
+    ) -> None:
+        d_head = d_model // n_heads
+        if d_head % 2:
             raise ValueError(
-                f"RoPE needs an even head dimension, got model.d_model/model.n_heads = {d_model}/{n_heads} = {d_model // n_heads}"
+                f"RoPE needs an even head dimension, got model.d_model/model.n_heads = {d_model}/{n_heads} = {d_head}"
             )
+        if scaling not in ROPE_SCALINGS:
+            raise ValueError(f"pe.scaling={scaling!r}; valid: {list(ROPE_SCALINGS)}")
+        if scaling_factor < 1:
+            raise ValueError(f"pe.scaling_factor={scaling_factor} must be >= 1 (how many times the training length)")
+        if scaling in ("ntk", "dynamic_ntk") and d_head < 4:
+            raise ValueError(f"pe.scaling={scaling} needs a head dimension >= 4 (base^(d/(d-2))), got {d_head}")
+        if scaling in ("dynamic_ntk", "yarn") and (training_length is None or training_length < 1):
+            raise ValueError(f"pe.scaling={scaling} needs pe.training_length >= 1 (the length the model was trained at), "
+                             f"got {training_length}")
+        if yarn_alpha is not None and yarn_beta is not None and not 0 <= yarn_alpha < yarn_beta:
+            raise ValueError(f"pe.yarn_alpha={yarn_alpha} and pe.yarn_beta={yarn_beta} must satisfy 0 <= alpha < beta")
+
+    def frequencies(self, n_positions: int) -> Tensor:
+        """theta_i (d_head/2,), float64 on the CPU: the angle per position of each pair for a text of ``n_positions``
+        tokens (only ``dynamic_ntk`` depends on it)."""
+        d, s = self.d_head, self.scaling_factor
+        fractions = torch.arange(0, d, 2, dtype=torch.float64) / d
+        base = self.base
+        if self.scaling == "ntk":
+            base = base * s ** (d / (d - 2))
+        elif self.scaling == "dynamic_ntk" and n_positions > self.training_length:
+            base = base * (s * n_positions / self.training_length - (s - 1)) ** (d / (d - 2))
+        theta = base ** (-fractions)
+        if self.scaling == "linear":
+            theta = theta / s
+        elif self.scaling == "yarn":
+            turns = self.training_length * theta / (2 * math.pi)
+            keep = ((turns - self.yarn_alpha) / (self.yarn_beta - self.yarn_alpha)).clamp(0, 1)
+            theta = (1 - keep) * theta / s + keep * theta
+        return theta
+
+    def cache_stays_exact(self, n_positions: int) -> bool:
+        return self.scaling != "dynamic_ntk" or n_positions <= self.training_length
 
     def _cos_sin(self, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        if self._cache is None or self._cache[0] < seq_len or self._cache[1].device != device:
-            # Angles in float32 from the base itself: a bf16 model (precision=bf16-true) also casts the
+        theta = self.frequencies(seq_len)
+        key = float(theta[-1])  # dynamic_ntk: another base past the training length
+        if self._cache is None or self._cache[0] < seq_len or self._cache[1] != key or self._cache[2] != device:
+            # Angles in float32 from float64 frequencies: a bf16 model (precision=bf16-true) also casts the
             # inv_freq buffer to bf16, whose 8-bit mantissa would put far positions at the wrong angle.
-            inv_freq = self.base ** (-torch.arange(0, self.d_head, 2, device=device, dtype=torch.float64) / self.d_head)
             pos = torch.arange(seq_len, device=device, dtype=torch.float32)
-            angles = torch.outer(pos, inv_freq.float())  # (T, dh/2)
-            self._cache = (seq_len, angles.cos(), angles.sin())
-        _, cos, sin = self._cache
+            angles = torch.outer(pos, theta.to(device).float())  # (T, dh/2)
+            self._cache = (seq_len, key, device, angles.cos(), angles.sin())
+        _, _, _, cos, sin = self._cache
         return cos[:seq_len], sin[:seq_len]
 
-    def rotate(self, x: Tensor, start_pos: int = 0) -> Tensor:
-        """Rotate x (..., T, dh) pairwise by its position ``start_pos + t``."""
-        cos, sin = (t.to(x.dtype) for t in self._cos_sin(start_pos + x.shape[-2], x.device))  # q, k, v keep one dtype
-        cos, sin = cos[start_pos:], sin[start_pos:]
+    def _magnitude(self, start_pos: int, seq_len: int, device: torch.device, key: bool) -> Tensor | float:
+        """What each pair is multiplied by besides the rotation: (T, dh/2) float32, or a number (1: nothing)."""
+        return self.attention_factor
+
+    def rotate(self, x: Tensor, start_pos: int = 0, key: bool = False) -> Tensor:
+        """Rotate x (..., T, dh) pairwise by its position ``start_pos + t`` (``key``: x holds keys, not queries)."""
+        end = start_pos + x.shape[-2]
+        cos, sin = (t[start_pos:] for t in self._cos_sin(end, x.device))
+        magnitude = self._magnitude(start_pos, x.shape[-2], x.device, key)
+        if not (isinstance(magnitude, float) and magnitude == 1.0):
+            cos, sin = cos * magnitude, sin * magnitude  # in float32, then cast: a 16-bit factor could overflow first
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # q, k, v keep one dtype
         x_even, x_odd = x[..., 0::2], x[..., 1::2]
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return rotated.flatten(-2)
 
     def rotate_qk(self, q: Tensor, k: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor]:
-        return self.rotate(q, start_pos), self.rotate(k, start_pos)
+        return self.rotate(q, start_pos), self.rotate(k, start_pos, key=True)
+
+
+class XPosPE(RotaryPE):
+    """xPos (Sun et al. 2023): RoPE whose q.k decays with distance.
+
+    The query at position n is rotated and scaled by zeta_i^((n - c)/B), the key at m by zeta_i^(-(m - c)/B), with
+    zeta_i = (2i/d_head + gamma) / (1 + gamma) (in (0, 1)) and B = ``scale_base``; so pair i of q_n . k_m carries
+    zeta_i^((n - m)/B), a decay in n - m that the centre c cancels. The centre keeps each factor near 1 in 16-bit
+    precision (zeta_0^(-L/B) overflows float16 at L ~ 4500 for gamma 0.4, B 512). It is a constant,
+    c = ``training_length`` // 2, not the middle of the current sequence (x-transformers takes max_pos // 2 of each
+    call, so a cached key and a later query get different centres and its KV cache is wrong): the same token gets
+    the same factor in a full pass and in every cached step.
+
+    xPos is made for causal models: in a bidirectional encoder the same factor makes q.k *grow* with the distance to
+    keys after the query (zeta^(n - m) > 1 for m > n); it is kept as the paper defines it, not symmetrised.
+    """
+
+    def __init__(
+        self, d_model: int, n_heads: int, base: float = 10000.0, gamma: float = 0.4, scale_base: float = 512.0,
+        training_length: int = 512,
+    ) -> None:
+        self.check_settings(d_model, n_heads, seq_len=0, gamma=gamma, scale_base=scale_base, training_length=training_length)
+        super().__init__(d_model, n_heads, base=base)
+        self.gamma, self.scale_base, self.center = gamma, float(scale_base), training_length // 2
+        self.training_length = training_length
+        fractions = torch.arange(0, self.d_head, 2, dtype=torch.float64) / self.d_head
+        self.register_buffer("zeta", ((fractions + gamma) / (1 + gamma)).float(), persistent=False)
+
+    @classmethod
+    def check_settings(
+        cls, d_model: int, n_heads: int, seq_len: int, gamma: float = 0.4, scale_base: float = 512.0,
+        training_length: int = 512, **settings
+    ) -> None:
+        super().check_settings(d_model, n_heads, seq_len)
+        if not gamma > 0:
+            raise ValueError(f"pe.gamma={gamma} must be > 0 (zeta_0 = gamma / (1 + gamma))")
+        if not scale_base > 0:
+            raise ValueError(f"pe.scale_base={scale_base} must be > 0")
+        if training_length < 1:
+            raise ValueError(f"pe.training_length={training_length} must be >= 1")
+
+    @classmethod
+    def settings_warnings(
+        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", gamma: float = 0.4,
+        scale_base: float = 512.0, training_length: int | None = None, **settings
+    ) -> list[str]:
+        if precision not in ("16", "16-mixed", "16-true"):  # float16's range; bfloat16 and wider reach 3e38
+            return []
+        center = (training_length or seq_len) // 2
+        zeta_0 = gamma / (1 + gamma)
+        reach = math.log(torch.finfo(torch.float16).max) / -math.log(zeta_0) * scale_base  # |n - c| at the overflow
+        longest = 16 * seq_len  # the extrapolation benchmark reads 16x the training length
+        if center + reach >= longest:
+            return []
+        return [f"pe.scale_base={scale_base:g} with trainer.precision={precision}: a key's xPos factor overflows float16 "
+                f"past position {int(center + reach)}, shorter than 16x data.seq_len={seq_len}; raise pe.scale_base "
+                "or use bf16"]
+
+    def _magnitude(self, start_pos: int, seq_len: int, device: torch.device, key: bool) -> Tensor:
+        positions = torch.arange(start_pos, start_pos + seq_len, device=device, dtype=torch.float32)
+        power = (positions - self.center) / self.scale_base * (-1.0 if key else 1.0)  # (T,)
+        return self.zeta.float().to(device) ** power[:, None]  # (T, dh/2)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -282,3 +491,265 @@ class ALiBiPE(PositionalEncoding):
         k_pos = torch.arange(k_len, device=self.slopes.device)[None, :]
         distance = (q_pos - k_pos).abs().float()  # (Tq, Tk)
         return -self.slopes.float()[:, None, None] * distance  # (H, Tq, Tk), float32: attention casts it to its scores' dtype
+
+
+def _positions(start_pos: int, q_len: int, k_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Query positions (Tq, 1) and key positions (1, Tk), float32: the queries are ``start_pos ..`` and the keys
+    every position from 0 (a cache holds the earlier ones)."""
+    q_pos = torch.arange(start_pos, start_pos + q_len, device=device, dtype=torch.float32)[:, None]
+    k_pos = torch.arange(k_len, device=device, dtype=torch.float32)[None, :]
+    return q_pos, k_pos
+
+
+def t5_bucket(relative_position: Tensor, causal: bool, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's bucket (Raffel et al. 2020) of each relative position ``key - query`` (an integer tensor).
+
+    Causal: the distance n = query - key >= 0 (later keys count as 0); buckets 0 .. num_buckets/2 - 1 hold one
+    distance each, the rest are logarithmic up to ``max_distance``, beyond which every distance shares the last
+    bucket. Bidirectional: half the buckets for keys at or before the query, half (offset by num_buckets/2) for keys
+    after it, each half bucketed the same way.
+    """
+    n = -relative_position
+    bucket = torch.zeros_like(n)
+    if causal:
+        n = n.clamp(min=0)
+    else:
+        num_buckets //= 2
+        bucket = bucket + (n < 0).long() * num_buckets
+        n = n.abs()
+    max_exact = num_buckets // 2
+    log_ratio = torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return bucket + torch.where(n < max_exact, n, large)
+
+
+class T5BiasPE(PositionalEncoding):
+    """T5's relative bias: a learned scalar per (bucket, head) added to the attention logits.
+
+    The bucket of key j for query i is ``t5_bucket(j - i)``: causal buckets in a decoder's stack, bidirectional
+    (half per side) in an encoder's (``causal`` is set by the stack). Scale as in T5 itself: the bias is added
+    unscaled to the logits the softmax reads (here q.k / sqrt(d_head) + bias). x-transformers multiplies it by
+    sqrt(d_head) (its ``RelativePositionBias(scale=dim_head ** 0.5)``), which is a different parametrisation of the same
+    family, not followed here. As in T5, one table serves every layer of the stack; it starts as the model's
+    other embeddings, N(0, 0.02^2).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, num_buckets: int = 32, max_distance: int = 128) -> None:
+        super().__init__(d_model, n_heads)
+        self.check_settings(d_model, n_heads, seq_len=0, num_buckets=num_buckets, max_distance=max_distance)
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)  # (buckets, H)
+
+    @classmethod
+    def check_settings(
+        cls, d_model: int, n_heads: int, seq_len: int, num_buckets: int = 32, max_distance: int = 128, **settings
+    ) -> None:
+        if num_buckets < 4:
+            raise ValueError(f"pe.num_buckets={num_buckets} must be >= 4 (an encoder has half per direction, each "
+                             "with at least one exact distance)")
+        if max_distance <= num_buckets // 2:
+            raise ValueError(f"pe.max_distance={max_distance} must be larger than pe.num_buckets/2={num_buckets // 2} "
+                             "(the distances bucketed one by one)")
+
+    @classmethod
+    def settings_warnings(
+        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", num_buckets: int = 32,
+        max_distance: int = 128, **settings
+    ) -> list[str]:
+        def buckets(n_positions: int, causal: bool) -> set[int]:
+            distances = torch.arange(n_positions)
+            return set(t5_bucket(torch.cat((-distances, distances)), causal, num_buckets, max_distance).tolist())
+
+        longest = max(seq_len, 2 * max_distance)  # every bucket a text of any length can reach
+        unreached = {name: len(buckets(longest, causal) - buckets(seq_len, causal))
+                     for name, causal in (("decoder", True), ("encoder", False))}
+        if not any(unreached.values()):
+            return []
+        return [f"pe.num_buckets={num_buckets}, pe.max_distance={max_distance}: at data.seq_len={seq_len} "
+                f"{unreached['decoder']} causal (decoder) and {unreached['encoder']} bidirectional (encoder) buckets are "
+                "never reached in training; they keep their initial values when a longer text reaches them"]
+
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor:
+        device = self.relative_attention_bias.weight.device
+        q_pos = torch.arange(start_pos, start_pos + q_len, device=device)[:, None]
+        k_pos = torch.arange(k_len, device=device)[None, :]
+        bucket = t5_bucket(k_pos - q_pos, self.causal, self.num_buckets, self.max_distance)  # (Tq, Tk)
+        return self.relative_attention_bias(bucket).permute(2, 0, 1)  # (H, Tq, Tk)
+
+
+class FirePE(PositionalEncoding):
+    """FIRE (Li et al. 2024): a learned MLP of the normalised distance, one output per head.
+
+    bias[h, i, j] = f_h(psi(|i - j|) / (psi(max(L, i)) + eps)), psi(x) = log(|c x| + 1), f a 1 -> ``mlp_width`` -> H
+    MLP with a ReLU, c learned (init ``init_c`` = 0.1) and L = |m * ``init_threshold``| a learned threshold (m init 1;
+    ``init_threshold`` is the training length in configs/pe/fire.yaml, not the paper's fixed 512), as the paper's
+    reference code. The query position i normalises the distance, so a longer text maps into the range the MLP was
+    trained on. A causal stack masks j > i; a bidirectional one reads the same |i - j| on both sides (the paper
+    defines only the causal form). One MLP, c and L per stack, shared by its layers; the MLP keeps torch's default
+    Linear init (``finish_init`` undoes the model's N(0, 0.02^2), which would start every head near zero).
+    """
+
+    eps = 1e-6
+
+    def __init__(
+        self, d_model: int, n_heads: int, mlp_width: int = 32, init_c: float = 0.1, init_threshold: float = 512.0
+    ) -> None:
+        super().__init__(d_model, n_heads)
+        self.check_settings(d_model, n_heads, seq_len=0, mlp_width=mlp_width, init_c=init_c, init_threshold=init_threshold)
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, n_heads))
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))
+
+    @classmethod
+    def check_settings(
+        cls, d_model: int, n_heads: int, seq_len: int, mlp_width: int = 32, init_c: float = 0.1,
+        init_threshold: float = 512.0, **settings
+    ) -> None:
+        if mlp_width < 1:
+            raise ValueError(f"pe.mlp_width={mlp_width} must be >= 1")
+        if not init_c > 0:
+            raise ValueError(f"pe.init_c={init_c} must be > 0")
+        if not init_threshold >= 1:
+            raise ValueError(f"pe.init_threshold={init_threshold} must be >= 1 (a length in tokens)")
+
+    @classmethod
+    def settings_warnings(
+        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", init_threshold: float = 512.0, **settings
+    ) -> list[str]:
+        if init_threshold <= seq_len:
+            return []
+        return [f"pe.init_threshold={init_threshold:g} is above data.seq_len={seq_len}: no query in training reaches it, so "
+                "every distance is normalised by the threshold, not by its query's position (set it to the training length)"]
+
+    def finish_init(self, embedding: TokenEmbedding) -> None:
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):
+                layer.reset_parameters()
+
+    @property
+    def threshold(self) -> Tensor:
+        """L, the learned threshold (a 0-d tensor)."""
+        return (self.threshold_multiplier * self.init_threshold).abs()
+
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor:
+        q_pos, k_pos = _positions(start_pos, q_len, k_len, self.c.device)
+        c = self.c.float()
+
+        def psi(x: Tensor) -> Tensor:
+            return torch.log(torch.abs(c * x) + 1)
+
+        normaliser = psi(torch.maximum(q_pos, self.threshold.float())) + self.eps  # (Tq, 1)
+        distance = psi((q_pos - k_pos).abs()) / normaliser  # (Tq, Tk), in [0, ~1] within the threshold
+        weight = self.mlp[0].weight
+        return self.mlp(distance[..., None].to(weight.dtype)).permute(2, 0, 1)  # (H, Tq, Tk)
+
+
+KERPLE_FLOOR = 0.01
+
+
+class KerplePE(PositionalEncoding):
+    """Kerple-log (Chi et al. 2022): bias[h, i, j] = -r1_h log(1 + r2_h |i - j|), r1 and r2 learned per head.
+
+    r1, r2 are kept >= 0.01 by a softplus plus that floor (r = 0.01 + softplus(raw)), differentiable everywhere (the
+    paper's code clamps the values instead, which stops the gradient at the floor). They start as the paper's code
+    draws them, r1 ~ U(0, 2) and r2 ~ U(0, 1) (at least 0.011). Causal stacks mask j > i; bidirectional ones read
+    |i - j| on both sides. One r1, r2 per head for the whole stack (the paper has one per layer).
+    """
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__(d_model, n_heads)
+        r1 = (torch.rand(n_heads) * 2).clamp(min=KERPLE_FLOOR + 1e-3)
+        r2 = torch.rand(n_heads).clamp(min=KERPLE_FLOOR + 1e-3)
+        self.r1_raw = nn.Parameter(self._inverse(r1))
+        self.r2_raw = nn.Parameter(self._inverse(r2))
+
+    @staticmethod
+    def _inverse(r: Tensor) -> Tensor:
+        return torch.log(torch.expm1(r - KERPLE_FLOOR))  # softplus^-1(r - floor)
+
+    @property
+    def r1(self) -> Tensor:
+        return KERPLE_FLOOR + F.softplus(self.r1_raw.float())
+
+    @property
+    def r2(self) -> Tensor:
+        return KERPLE_FLOOR + F.softplus(self.r2_raw.float())
+
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor:
+        q_pos, k_pos = _positions(start_pos, q_len, k_len, self.r1_raw.device)
+        distance = (q_pos - k_pos).abs()  # (Tq, Tk)
+        return -self.r1[:, None, None] * torch.log1p(self.r2[:, None, None] * distance)  # (H, Tq, Tk), float32
+
+
+class CoPE(PositionalEncoding):
+    """Contextual position encoding (Golovneva et al. 2024), as x-transformers' ``CoPE``.
+
+    Query i counts the keys it finds relevant: gates g_ij = sigmoid(q_i . k_j / sqrt(d_head)) (the attention's own
+    logits), position p_ij = sum of g_ik for k from j to i, capped at ``p_max`` - 1. The logit of key j gains
+    q_i . e[p_ij], e a learned (p_max, d_head) table (zeros at init, as x-transformers) read by linear interpolation
+    between the rows floor(p) and ceil(p). A cached step computes the gates of its new queries against every cached
+    key, which is what the full pass computes for them: cached = uncached.
+
+    Causal (a decoder's stack, the paper's form): keys after the query are masked and carry no gate. Bidirectional (an
+    encoder's stack; our extension): keys at or before the query count the gates from j up to i and read ``e``; keys
+    after it count the gates from i up to j and read a second table ``e_after``, so the two directions have their own
+    position vectors. One table (two in an encoder) per stack, shared by its layers (the paper has one per layer).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, p_max: int = 64) -> None:
+        super().__init__(d_model, n_heads)
+        self.check_settings(d_model, n_heads, seq_len=0, p_max=p_max)
+        self.p_max, self.d_head = p_max, d_model // n_heads
+        self.pos_emb = nn.Parameter(torch.zeros(p_max, self.d_head))
+        self.pos_emb_after: nn.Parameter | None = None  # created when a stack says the encoding is bidirectional
+        self._causal = True
+
+    @property
+    def causal(self) -> bool:  # type: ignore[override]
+        return self._causal
+
+    @causal.setter
+    def causal(self, causal: bool) -> None:
+        # The table of keys after the query exists only where it is used (DDP refuses parameters without a gradient).
+        self._causal = causal
+        if not causal and self.pos_emb_after is None:
+            self.pos_emb_after = nn.Parameter(torch.zeros_like(self.pos_emb))
+        elif causal:
+            self.pos_emb_after = None
+
+    @classmethod
+    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, p_max: int = 64, **settings) -> None:
+        if p_max < 2:
+            raise ValueError(f"pe.p_max={p_max} must be >= 2 (positions 0 .. p_max - 1 are interpolated)")
+
+    @classmethod
+    def settings_warnings(
+        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", p_max: int = 64, **settings
+    ) -> list[str]:
+        if p_max > seq_len:
+            return [f"pe.p_max={p_max} is above data.seq_len={seq_len}: positions past {seq_len} (rows {seq_len}..{p_max - 1}"
+                    " of the table) are never reached in training and keep their initial zeros"]
+        return []
+
+    def _interpolated(self, q: Tensor, position: Tensor, table: Tensor) -> Tensor:
+        """q_i . e[p] for fractional positions (B, H, Tq, Tk), by linear interpolation of the integer rows."""
+        position = position.clamp(max=self.p_max - 1)
+        per_row = (q @ table.to(q.dtype).T).float()  # (B, H, Tq, p_max)
+        floor = position.floor()
+        weight = position - floor
+        low = per_row.gather(-1, floor.long())
+        high = per_row.gather(-1, position.ceil().long())
+        return high * weight + low * (1 - weight)
+
+    def qk_bias(self, q: Tensor, k: Tensor, start_pos: int = 0, causal: bool = False) -> Tensor:
+        Tq, Tk = q.shape[-2], k.shape[-2]
+        gates = torch.sigmoid((q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1]))  # (B, H, Tq, Tk)
+        q_pos, k_pos = _positions(Tk - Tq if causal else start_pos, Tq, Tk, q.device)
+        at_or_before = k_pos <= q_pos  # (Tq, Tk)
+        before = (gates * at_or_before).flip(-1).cumsum(-1).flip(-1)  # sum of g_ik for j <= k <= i
+        term = self._interpolated(q, before, self.pos_emb)
+        if causal or self.pos_emb_after is None:
+            return term  # the attention masks the keys after each query
+        after = (gates * (k_pos >= q_pos)).cumsum(-1)  # sum of g_ik for i <= k <= j
+        return torch.where(at_or_before, term, self._interpolated(q, after, self.pos_emb_after))

@@ -112,7 +112,9 @@ class Decoding:
     faster but is exact only for a one-layer model with a relative PE: from block 1 on, each cached key was
     computed while its token attended to tokens the window has since dropped, and an absolute PE placed
     it at a position it no longer has. Re-encoding keeps every step equal to an uncached forward over the
-    window, which is what the model was trained to read.
+    window, which is what the model was trained to read. An encoding whose ``cache_stays_exact`` is False for the
+    current length (RoPE with ``dynamic_ntk`` past its training length: every position's angle depends on the length)
+    is re-encoded at every step too.
 
     The encoder-decoder reads all prompt tokens but the last with its encoder (its last ``source_window`` of
     them) and starts decoding from the last one, as in training (the decoder's first input is the token right
@@ -150,7 +152,10 @@ class Decoding:
         check_length(self.stack, self.tokens.shape[1] - start)
         if self.cache is None:
             return self._forward(self.tokens[:, start:], None)[:, -1]
-        if start != self._cache_start:  # the window slid: start a fresh cache (see the class docstring)
+        slid = start != self._cache_start  # the window slid: start a fresh cache (see the class docstring)
+        # an encoding that places every token anew as the text grows (RoPE with dynamic_ntk past the training length)
+        # makes the cached keys stale: re-encode, as an uncached step does
+        if slid or not self.stack.pe.cache_stays_exact(self.tokens.shape[1] - start):
             context, self.cache = self.cache.context, KVCache()
             self.cache.context = context  # an encoder-decoder's encoder output does not depend on the window
             self._cache_start = start

@@ -142,16 +142,47 @@ class TrainedRun:
         return self.datamodule.tokenizer
 
 
+def apply_pe_overrides(cfg: DictConfig, overrides: dict[str, Any] | None, ckpt_path: Path) -> None:
+    """Set the run's ``pe`` keys named in ``overrides`` (None values: as trained), e.g. RoPE scaled at inference
+    (``{"scaling": "yarn", "scaling_factor": 4}``): settings that change no weight, so the checkpoint still loads.
+
+    A run trained before ``pe.training_length`` existed gets its ``data.seq_len``. Keys and values are checked as a
+    training config's are (``pe.scaling`` on a learned table is refused, naming the valid keys)."""
+    from pe_geometry.training.schema import check_node
+
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if not given:
+        return
+    node = {**OmegaConf.to_container(cfg.pe, resolve=True), **given}
+    accepted = inspect.signature(get_class(str(node["_target_"]))).parameters
+    if "training_length" in accepted and node.get("training_length") is None:
+        node["training_length"] = int(cfg.data.seq_len)
+    problems, _ = check_node("pe", node)
+    if problems:
+        raise RunLoadError(f"{ckpt_path}: " + "; ".join(line for _, line in problems))
+    settings = {k: v for k, v in node.items() if not str(k).startswith("_")}
+    try:
+        get_class(str(node["_target_"])).check_settings(int(cfg.model.d_model), int(cfg.model.n_heads), int(cfg.data.seq_len),
+                                                        **settings)
+    except ValueError as err:
+        raise RunLoadError(f"{ckpt_path}: {err}") from None
+    with open_dict(cfg):
+        cfg.pe = node
+
+
 def load_trained_run(path: str | Path, device: str | torch.device = "cpu",
-             datamodules: dict[str, L.LightningDataModule] | None = None) -> TrainedRun:
+             datamodules: dict[str, L.LightningDataModule] | None = None, pe_overrides: dict[str, Any] | None = None) -> TrainedRun:
     """Rebuild a trained run from a checkpoint file or a run folder (its ``checkpoints/last.ckpt``).
 
     The datamodule (and its tokenizer) comes from the data cache the run used, rebuilt identically if it is
     gone. ``datamodules``: a dict shared across calls, so runs on the same data (a sweep's) build it once.
+    ``pe_overrides``: ``pe`` settings to read the run with instead of its own (``apply_pe_overrides``; RoPE's
+    ``scaling`` for a run trained without it).
     """
     ckpt = find_checkpoint(path)
     checkpoint = read_checkpoint_file(ckpt)
     cfg = saved_config(checkpoint, ckpt)
+    apply_pe_overrides(cfg, pe_overrides, ckpt)
     if datamodules is None:
         datamodule = build_datamodule(cfg)
     else:

@@ -6,12 +6,16 @@ what would be valid; ``train.py`` prints it and exits.
 
 from __future__ import annotations
 
+import logging
+
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from pe_geometry.data.tokenizer import check_tokenizer_settings
 from pe_geometry.training.schema import SchemaError, check_schema
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(SchemaError):
@@ -36,10 +40,15 @@ def check_positional_encoding(cfg: DictConfig) -> None:
     pe = cfg.pe  # its keys and types were checked by the schema
     pe_class = get_class(str(pe._target_))
     settings = {k: v for k, v in pe.items() if not str(k).startswith("_")}
+    sizes = (int(cfg.model.d_model), int(cfg.model.n_heads), int(cfg.data.seq_len))
     try:
-        pe_class.check_settings(int(cfg.model.d_model), int(cfg.model.n_heads), int(cfg.data.seq_len), **settings)
+        pe_class.check_settings(*sizes, **settings)
     except ValueError as err:
         raise ConfigError(f"pe={_option('pe', pe)}: {err}") from None
+    precision = str(cfg.get("trainer", {}).get("precision", "32-true"))
+    warnings = getattr(pe_class, "settings_warnings", None)  # a user's own encoding may have none
+    for line in warnings(*sizes, precision=precision, **settings) if warnings else []:  # works, but does not fit the run
+        log.warning("pe=%s: %s", _option("pe", pe), line)
 
 
 def check_run_settings(cfg: DictConfig) -> None:
