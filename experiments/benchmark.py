@@ -254,12 +254,12 @@ def cli_seconds(args: list[str], repeats: int = 5, env: dict[str, str] | None = 
     return median(times)
 
 
-def package_versions() -> str:
-    """The versions a loop's speed depends on (a drift between installs shows up beside the figures it moves)."""
+def package_versions(packages: tuple[str, ...] = ("torch", "lightning", "hydra-core", "datasets", "tokenizers", "numpy")) -> str:
+    """The versions a figure depends on (a drift between installs shows up beside the figures it moves)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
-    for package in ("torch", "lightning", "hydra-core", "datasets", "tokenizers", "numpy"):
+    for package in packages:
         try:
             found.append(f"{package} {version(package)}")
         except PackageNotFoundError:

@@ -44,11 +44,11 @@ import platform
 import re
 import time
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
 import torch
+from benchmark import package_versions  # experiments/ is on sys.path when a script here runs
 
 from pe_geometry.analysis.geometry_callback import GeometryCallback
 from pe_geometry.model import DecoderLM
@@ -69,16 +69,6 @@ LADDER = [Shape(128, 4, 4, 128, 2048), Shape(256, 4, 8, 256, 2048), Shape(512, 8
 QUICK = [Shape(64, 2, 2, 32, 2048), Shape(128, 4, 4, 64, 2048)]
 BATCH_BLOCKS = 32  # blocks per optimiser step (data.batch_size)
 FAMILIES = ("input", "hidden", "attention")
-
-
-def package_versions() -> str:
-    found = []
-    for package in ("torch", "numpy", "scikit-learn", "lightning"):
-        try:
-            found.append(f"{package} {version(package)}")
-        except PackageNotFoundError:
-            found.append(f"{package} -")
-    return ", ".join([f"python {platform.python_version()}", *found])
 
 
 def load() -> str:
@@ -237,7 +227,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     print(f"machine: {name}, {os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads, device {device}; "
           f"load average {load()} (1/5/15 min)")
-    print(f"versions: {package_versions()}")
+    print(f"versions: {package_versions(('torch', 'numpy', 'scikit-learn', 'lightning'))}")
     print(f"callback defaults: {defaults.n_tokens} word rows, {defaults.null_draws} null draws, {defaults.probe_batch_size} "
           f"probe blocks, {defaults.n_probe_blocks} position-probe blocks (every {probe_every}th record), "
           f"{defaults.probe_permutations} relabellings, chunk_tokens {defaults.chunk_tokens}; a record every "

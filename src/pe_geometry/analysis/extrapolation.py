@@ -258,34 +258,28 @@ def fixed_target_losses(
                     counts[lo : lo + step] = float(target_len)
             per_window[lo : lo + step] = loss.double().sum(1).cpu()
         sums[m] = per_window
-        entry.update(_ratio_estimate(per_window, counts.double()))
+        loss, se = _ratio(per_window, counts.double())
+        entry.update(loss=loss, se=se, rel_se=se / loss if loss else float("nan"))
         entry["n_targets"] = int(counts.sum())
         base = multipliers[0]
         if m != base and base in sums:
-            entry.update(_paired_ratio(per_window, sums[base], counts.double()))
+            ratio, ratio_se = _ratio(per_window, sums[base])
+            entry.update(ratio=ratio, ratio_se=ratio_se)
     return result
 
 
-def _ratio_estimate(sums: torch.Tensor, counts: torch.Tensor) -> dict:
-    """Mean loss = sum / count over windows, and its standard error over windows (ratio estimator)."""
-    keep = counts > 0
-    s, n = sums[keep], counts[keep]
-    mean = float(s.sum() / n.sum())
-    w = len(s)
-    residual = s - mean * n
-    se = float((residual.pow(2).sum() / (w - 1)).sqrt() * math.sqrt(w) / n.sum()) if w > 1 else float("nan")
-    return {"loss": mean, "se": se, "rel_se": se / mean if mean else float("nan")}
+def _ratio(numerators: torch.Tensor, denominators: torch.Tensor) -> tuple[float, float]:
+    """sum(a) / sum(b) over windows, and its standard error over windows (the ratio estimator's delta method).
 
-
-def _paired_ratio(sums: torch.Tensor, base: torch.Tensor, counts: torch.Tensor) -> dict:
-    """loss_m / loss_1 on the same targets, with its standard error paired by window (delta method)."""
-    keep = counts > 0
-    a, b = sums[keep], base[keep]
-    ratio = float(a.sum() / b.sum())
-    w = len(a)
+    With b = each window's target count it is the mean loss; with b = each window's summed loss at 1x it is the
+    ratio of two lengths' losses on the same targets, paired by window. Windows with no target are left out.
+    """
+    keep = denominators > 0
+    a, b = numerators[keep], denominators[keep]
+    ratio, w = float(a.sum() / b.sum()), len(a)
     residual = a - ratio * b
     se = float((residual.pow(2).sum() / (w - 1)).sqrt() * math.sqrt(w) / b.sum()) if w > 1 else float("nan")
-    return {"ratio": ratio, "ratio_se": se}
+    return ratio, se
 
 
 def _nanmean(x: torch.Tensor) -> float:
