@@ -28,6 +28,8 @@ from pe_geometry.extras import EXTRAS
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = [ROOT / "src" / "pe_geometry", ROOT / "src" / "hydra_plugins" / "pe_geometry"]
 OWN = {"pe_geometry", "tests", "experiments", "hydra_plugins.pe_geometry", "train", "generate"}
+# a script in experiments/ may import a sibling script: Python puts the script's folder on sys.path
+OWN |= {p.stem for p in (ROOT / "experiments").glob("*.py")}
 TOOLS = {"ruff"}  # declared and run, never imported
 
 
