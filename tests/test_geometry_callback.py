@@ -41,7 +41,17 @@ def test_geometry_logged_at_init_cadence_and_end(pe, tmp_path, tiny_corpus, cach
     if has_table:
         init = next(r for r in rows if r.get("geometry/abs_cos_mean") and int(r["step"]) == 0)
         assert float(init["geometry/abs_cos_mean_chance"]) == pytest.approx(np.sqrt(2 / (np.pi * 32)), rel=0.05)
-        assert float(init["geometry/attn/n_positional_heads_all_terms"]) in range(5)  # 0..n_heads
+    # every family on one axis: block 0's positional share and each head's attention distance, at every record
+    init = next(r for r in rows if r.get(hidden_key) and int(r["step"]) == 0)
+    assert float(init["geometry/attn/n_positional_heads_all_terms"]) in range(5)  # 0..n_heads
+    share = float(init["geometry/attn/head0/positional_share"])
+    assert share == 0.0 if pe in ("none", "cope") else share != 0.0  # CoPE's table starts at zeros
+    end = next(r for r in rows if r.get(hidden_key) and int(r["step"]) == 5)
+    end_share = float(end["geometry/attn/head0/positional_share"])
+    assert end_share == 0.0 if pe == "none" else end_share != 0.0
+    assert bool(init.get("geometry/attn/head0/positional_share_null_mean")) == (pe in ("rope", "xpos"))
+    assert float(init["geometry/attn/head0/mean_distance_chance"]) == pytest.approx((16 - 1) / 4)  # causal, seq_len 16
+    assert 0.0 < float(init["geometry/attn/head0/mean_distance"]) < 15
     tokens = json.loads((tmp_path / "run" / "geometry_tokens.json").read_text())
     assert "most frequent training tokens" in tokens["word_rows"] and len(tokens["tokens"]) == 50
 

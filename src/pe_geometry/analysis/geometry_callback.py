@@ -17,9 +17,12 @@ CSV and W&B curves line up across runs. Three families, each optional:
   ``position_probe_every_n_steps`` steps, also the powered position probe
   (``analysis.position_probe``: ``position_probe_blocks`` blocks, grouped CV, a null of
   ``position_probe_permutations`` relabellings): ``position_r2``, ``log_position_r2``.
-- ``attention``: block 0 score split into every word/position/bias term for additive-PE
-  models (``analysis.attention_split``): per-head variance shares, ``positional_share``
-  (all position-dependent terms) and the count of positional heads by it.
+- ``attention``: block 0's scores, every family on one axis (``analysis.position_attention``):
+  per head, ``positional_share``, the share of score variance from all position-dependent terms (for
+  an input-table encoding, split into every word/position/bias term by ``analysis.attention_split``;
+  otherwise the encoding's own term, with a null of ``attention_null_draws`` random pair assignments
+  for RoPE/xPos), ``mean_distance`` (how far each head looks, beside uniform attention's ``_chance``),
+  and the count of positional heads by the share.
 
 Metric names come from ``analysis.metric_names``; ``records`` keeps every logged dict by
 training step. At the end of the run the callback offers the headline figures at initialisation
@@ -53,10 +56,10 @@ import torch
 from torch import Tensor
 
 from pe_geometry.analysis import geometry as geo
-from pe_geometry.analysis import geometry_summary
+from pe_geometry.analysis import geometry_summary, position_attention
 from pe_geometry.analysis import metric_names as names
 from pe_geometry.analysis.attention_split import first_layer_attention_split, positional_heads
-from pe_geometry.analysis.nulls import _PARALLEL_MACS, _threads, rotation_null
+from pe_geometry.analysis.nulls import _PARALLEL_MACS, _threads, null_summary, rotation_null
 from pe_geometry.analysis.position_probe import PositionProbeSums
 from pe_geometry.analysis.probes import frequent_token_ids
 from pe_geometry.data.cache import atomic_write_text
@@ -92,6 +95,7 @@ class GeometryCallback(L.Callback):
         position_probe_blocks: int = 128,
         position_probe_permutations: int = 20,
         chunk_tokens: int = 8192,
+        attention_null_draws: int = 20,
     ) -> None:
         unknown = sorted(set(measures) - set(MEASURES))
         if unknown:
@@ -102,7 +106,7 @@ class GeometryCallback(L.Callback):
         self.probe_batch_size, self.fixed_k, self.threshold, self.seed = probe_batch_size, fixed_k, positional_head_threshold, seed
         minimum = {"null_draws": (null_draws, 2), "position_probe_every_n_steps": (position_probe_every_n_steps, 1),
                    "position_probe_blocks": (position_probe_blocks, 5), "position_probe_permutations": (position_probe_permutations, 2),
-                   "chunk_tokens": (chunk_tokens, 1)}
+                   "chunk_tokens": (chunk_tokens, 1), "attention_null_draws": (attention_null_draws, 2)}
         for key, (value, least) in minimum.items():
             if value < least:
                 raise ValueError(f"callbacks.geometry.{key}={value} must be >= {least}")
@@ -110,7 +114,7 @@ class GeometryCallback(L.Callback):
         # and the same relabellings, so seeds differ only by what they trained.
         self.null_draws, self.probe_every = null_draws, position_probe_every_n_steps
         self.n_probe_blocks, self.probe_permutations = position_probe_blocks, position_probe_permutations
-        self.chunk_tokens = chunk_tokens
+        self.chunk_tokens, self.attention_null_draws = chunk_tokens, attention_null_draws
         self.position_blocks = torch.empty(0, 0, dtype=torch.long)  # chosen in setup
         self._last_step: int | None = None
         self.records: dict[int, dict[str, float]] = {}  # training step -> the metrics logged at that step
@@ -205,13 +209,33 @@ class GeometryCallback(L.Callback):
             metrics.update({names.input_metric(k): v for k, v in report.items()})
         if "hidden" in self.measures:
             metrics.update(self.hidden_measures(model, position_probe_now))
-        if "attention" in self.measures and W_pos is not None:
-            with _threads_for(4 * self.seq_len**2 * model.d_model * 3):  # 4 blocks: S, then S_c [K_e | K_p] (all heads)
-                shares = first_layer_attention_split(model, self.probe[:4].to(device))
-            for name, per_head in shares.items():
-                for h, value in enumerate(per_head.tolist()):
-                    metrics[names.attention_share_metric(h, name)] = value
-            metrics[names.N_POSITIONAL_HEADS_ALL_TERMS] = float(len(positional_heads(shares, self.threshold)))
+        if "attention" in self.measures:
+            metrics.update(self.attention_measures(model))
+        return metrics
+
+    def attention_measures(self, model: LanguageModel) -> dict[str, float]:
+        """Block 0 on 4 probe blocks: per-head positional share of the score variance for every family (the seven
+        split terms for an input-table encoding, the encoding's own term otherwise; with the rotation null for
+        RoPE/xPos), each head's mean attention distance beside uniform attention's, and the positional-head count."""
+        idx = self.probe[:4].to(model.W_E.device)
+        metrics: dict[str, float] = {}
+        with _threads_for(4 * self.seq_len**2 * model.d_model * 3):  # 4 blocks: S, then S_c [K_e | K_p] (all heads)
+            if model.W_pos is not None:
+                shares = first_layer_attention_split(model, idx)
+            else:
+                shares = {"positional": position_attention.relative_position_shares(model, idx)}
+                if position_attention.has_rotation(model):
+                    draws = position_attention.rotation_share_draws(model, idx, self.attention_null_draws).cpu().numpy()
+                    for h, value in enumerate(shares["positional"].tolist()):
+                        metrics |= null_summary(names.attention_share_metric(h, "positional"), value, draws[:, h])
+            distance, chance = position_attention.mean_attention_distance(model, idx, n_blocks=1)
+        for name, per_head in shares.items():
+            for h, value in enumerate(per_head.tolist()):
+                metrics[names.attention_share_metric(h, name)] = value
+        for h, (value, uniform) in enumerate(zip(distance[0].tolist(), chance[0].tolist())):
+            metrics[names.attention_distance_metric(h)] = value
+            metrics[names.companion(names.attention_distance_metric(h), "_chance")] = uniform
+        metrics[names.N_POSITIONAL_HEADS_ALL_TERMS] = float(len(positional_heads(shares, self.threshold)))
         return metrics
 
     def hidden_measures(self, model: LanguageModel, position_probe_now: bool = False) -> dict[str, float]:

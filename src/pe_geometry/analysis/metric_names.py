@@ -11,6 +11,7 @@ Layout of a name (stable: committed results and W&B panels use them)::
     geometry/hidden/layer<i>/<measure>         hidden states; i = input of block i (0 = embedding + PE),
                                                i = n_layers = the stack's output after the final norm
     geometry/attn/head<h>/<term>_share         block 0 attention, one value per head h (from 0)
+    geometry/attn/head<h>/mean_distance
     geometry/attn/n_positional_heads_all_terms
     <any of the above><companion>              a baseline beside the measure: _chance, _random, _shuffled,
                                                _null_mean (spectra-keeping or permutation null)
@@ -79,6 +80,7 @@ MEASURES = [
     (r"(pos_pos|word_word|word_pos|pos_word|bias|word_bias|pos_bias|bias_bias|positional)_share",
      "Block 0 attention: score variance from {term}",
      "share of score variance"),
+    (r"mean_distance", "Block 0 attention: mean distance attended", "tokens (mean |i − j| under the weights)"),
     (r"n_positional_heads", "Block 0 positional heads (position–position share > 0.5)", "heads"),  # older runs
     (r"n_positional_heads_all_terms", "Block 0 positional heads (share of every position-dependent term > 0.5)", "heads"),
 ]
@@ -90,8 +92,11 @@ BASELINE_NOTES = {
               "chance: position_var_share — its exact expectation (T−1)/(N−1) for exchangeable rows; overlap — uniformly "
               "random subspaces; position_probe_r2 (older runs' 8-block probe) — the same probe with positions shuffled "
               "across rows. shuffled: the overlap with positions shuffled across rows (keeps the hidden states' anisotropy).",
-    "attn": "No chance level: the seven term shares sum to 1 per head (a share can leave [0, 1] when terms cancel); "
-            "positional is the sum of the four position-dependent ones.",
+    "attn": "Input-table encodings: the seven term shares sum to 1 per head (a share can leave [0, 1] when terms "
+            "cancel); positional is the sum of the four position-dependent ones. Other families: positional is the "
+            "share of the encoding's own term (a rotation's change to q·k, or the score bias; NoPE 0); null mean for "
+            "RoPE/xPos: the same q and k with each head's pairs mixed by a random orthogonal matrix. chance: "
+            "mean_distance under uniform attention over the keys a query sees.",
 }
 
 
@@ -106,6 +111,11 @@ def input_metric(measure: str) -> str:
 def hidden_metric(layer: int, measure: str) -> str:
     """``geometry/hidden/layer<layer>/<measure>``; layer i = input of block i, n_layers = the stack's output."""
     return f"{PREFIX}/hidden/layer{layer}/{measure}"
+
+
+def attention_distance_metric(head: int) -> str:
+    """``geometry/attn/head<head>/mean_distance``: block 0, head ``head``: mean |i - j| under its attention weights."""
+    return f"{PREFIX}/attn/head{head}/mean_distance"
 
 
 def attention_share_metric(head: int, term: str) -> str:

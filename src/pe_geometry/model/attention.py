@@ -142,6 +142,30 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool) -> Tensor:
         raise NotImplementedError("use ExplicitAttention or SDPAttention")
 
+    def score_parts(self, x: Tensor, causal: bool = False, mix: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """For analysis: this self-attention's scores on x (B, T, D), split as content + position.
+
+        content = q.k / sqrt(d_head) of the projections before any positional hook; position = what the
+        encoding adds to it: the change a rotation makes to q.k (RoPE, xPos) plus any score bias (ALiBi, T5,
+        FIRE, Kerple, CoPE's contextual one). content + position are the logits ``attend`` reads, before the
+        causal mask (both (B, H, T, T) float32; position is 0 for an encoding without hooks). ``mix``
+        (H, d_head, d_head), orthogonal: q and k of head h are multiplied by mix[h] before the hooks, which
+        keeps every content score and moves the head's q/k energy to other rotation pairs (the rotation null).
+        """
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, dh)
+        k, _ = self._keys_values(x)
+        if mix is not None:
+            q, k = q @ mix.to(q.dtype), k @ mix.to(k.dtype)
+        scale = 1.0 / math.sqrt(self.d_head)
+        content = (q @ k.transpose(-2, -1)).float() * scale
+        q, k = self.pe.rotate_qk(q, k, 0)
+        position = (q @ k.transpose(-2, -1)).float() * scale - content
+        for bias in (self.pe.score_bias(T, T, 0), self.pe.qk_bias(q, k, 0, causal)):
+            if bias is not None:
+                position = position + bias.float()
+        return content, position
+
 
 def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
     """Boolean (Tq, Tk) mask, True where query i may attend to key j.

@@ -243,6 +243,7 @@ class GeometrySettings(TargetSettings):
     position_probe_blocks: int = what("an integer >= 5 (5-fold cross-validation by block)", 128, ge=5)
     position_probe_permutations: int = what("an integer >= 2", 20, ge=2)
     chunk_tokens: int = what("an integer >= 1", 8192, ge=1)
+    attention_null_draws: int = what("an integer >= 2 (a null needs a spread)", 20, ge=2)
 
 
 class ProgressSettings(TargetSettings):

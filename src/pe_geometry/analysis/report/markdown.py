@@ -287,7 +287,7 @@ def geometry_sections(data: ReportData) -> list[str]:
     lines = []
     titles = {"input": "Input-level geometry: word rows vs position rows (PE types with a position table)",
               "hidden": "Hidden-state geometry (every PE type)",
-              "attn": "Block 0 attention: score variance per word/position term (additive PE)"}
+              "attn": "Block 0 attention: positional score share (every family; per word/position term for an input table), distance"}
     for section in ("input", "hidden", "attn"):
         fams = {f: mem for f, mem in families.items() if mem[0].section == section}
         if not fams:

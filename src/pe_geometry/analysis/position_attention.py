@@ -1,0 +1,118 @@
+"""Where every position encoding puts position in the attention: one axis for all ten families.
+
+Two figures per head, defined the same way whatever the encoding:
+
+- **positional share of block 0's score variance**: the share of the variance of the logits along the keys a
+  query sees (what the softmax sees; pooled over queries and sequences) that comes from position-dependent
+  terms. For an encoding added to the input (sinusoidal, learned) those are the four position terms of
+  ``analysis.attention_split``. For every other family block 0 reads word embeddings only, so its content
+  score q.k is position-free and the position term is what the encoding adds (``MultiHeadAttention.score_parts``):
+  the change a rotation makes to q.k (RoPE, xPos), or the score bias (ALiBi, T5, FIRE, Kerple, CoPE). NoPE
+  adds nothing: 0. With S = content + position and S_c its row-centred, masked copy, the share is
+  Cov(position, S) / Var(S) = sum(position * S_c) / sum(S_c^2) (S_c's rows sum to 0, so the term needs no
+  centring), the same estimator as ``attention_split.term_shares``.
+- **mean attention distance**: sum_j w_ij |i - j| under the softmax weights, averaged over queries and
+  sequences, per layer and head (how local each head is); its chance is the same with uniform weights over the
+  keys each query sees.
+
+A rotation's share has a null: the same q and k multiplied by one random orthogonal matrix per head before the
+rotation (Haar, sign-fixed QR) keep every content score q.k exactly and spread the head's energy over the
+rotation pairs at random, so the null asks how much variance the rotation would add if the head had not chosen
+which frequencies to use. A score bias is position by construction (no null; what it is measured against is
+the content variance it competes with).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from pe_geometry.analysis.attention_split import first_layer_attention_split
+from pe_geometry.model.attention import causal_mask
+from pe_geometry.model.positional import RotaryPE
+from pe_geometry.model.transformer import LanguageModel
+
+
+def attention_inputs(model: LanguageModel, idx: Tensor) -> Iterator[Tensor]:
+    """What each block's self-attention reads on token blocks idx (B, T): its input, after ln_attn in a pre-LN block."""
+    for block, x in zip(model.blocks, model.iter_hidden_states(idx)):
+        yield block.ln_attn(x) if block.norm == "pre" else x
+
+
+def _mask(model: LanguageModel, T: int, device: torch.device) -> Tensor:
+    causal = model.input_stack.causal
+    return causal_mask(T, T, device) if causal else torch.ones(T, T, dtype=torch.bool, device=device)
+
+
+def _share_sums(content: Tensor, position: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(Cov(position, S), Var(S)) summed over queries and sequences, per head, float64: (H,) each."""
+    S = (content + position).double().masked_fill(~mask, 0.0)
+    n_keys = mask.sum(dim=-1, keepdim=True).clamp_min(1)
+    S_c = (S - S.sum(dim=-1, keepdim=True) / n_keys).masked_fill(~mask, 0.0)
+    return (position.double() * S_c).sum(dim=(0, 2, 3)), (S_c * S_c).sum(dim=(0, 2, 3))
+
+
+def relative_position_shares(model: LanguageModel, idx: Tensor, mix: Tensor | None = None) -> Tensor:
+    """Block 0's positional share per head (H,) float64 for an encoding acting inside attention (see module doc).
+
+    ``mix`` (H, d_head, d_head) orthogonal: as ``score_parts``' (the rotation null's draws)."""
+    attn = model.blocks[0].attn
+    x = next(attention_inputs(model, idx))
+    mask = _mask(model, idx.shape[1], idx.device)
+    cov = var = 0.0
+    for one in x.split(1):  # one sequence at a time: (1, H, T, T) float64 per term
+        c, v = _share_sums(*attn.score_parts(one, causal=model.input_stack.causal, mix=mix), mask)
+        cov, var = cov + c, var + v
+    return cov / var
+
+
+def haar_orthogonal(n: int, d: int, generator: torch.Generator) -> Tensor:
+    """n independent Haar-random (d, d) orthogonal matrices: QR of Gaussians, columns' signs fixed by diag(R)."""
+    q, r = torch.linalg.qr(torch.randn(n, d, d, generator=generator, dtype=torch.float64))
+    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def rotation_share_draws(model: LanguageModel, idx: Tensor, n_draws: int = 20, seed: int = 0) -> Tensor:
+    """The rotation null's positional share per head in each of ``n_draws`` draws: (n_draws, H) (see module doc)."""
+    attn = model.blocks[0].attn
+    generator = torch.Generator().manual_seed(seed)
+    return torch.stack([
+        relative_position_shares(model, idx, haar_orthogonal(attn.n_heads, attn.d_head, generator).to(idx.device))
+        for _ in range(n_draws)])
+
+
+def positional_share(model: LanguageModel, idx: Tensor) -> Tensor:
+    """Block 0's positional share per head (H,) float64, for every family: the additive split for an input-table
+    encoding, the encoding's own term otherwise (0 for NoPE)."""
+    if model.W_pos is not None:
+        return first_layer_attention_split(model, idx)["positional"]
+    return relative_position_shares(model, idx)
+
+
+def has_rotation(model: LanguageModel) -> bool:
+    """Whether the encoding rotates queries and keys (RoPE, xPos): the families whose share has a null."""
+    return isinstance(model.input_stack.pe, RotaryPE)
+
+
+def mean_attention_distance(model: LanguageModel, idx: Tensor, n_blocks: int | None = None) -> tuple[Tensor, Tensor]:
+    """(distance (n_blocks, H), chance (n_blocks, H)): mean |i - j| under each head's softmax weights, and under
+    uniform weights over the keys each query sees (the same for every head), averaged over queries and sequences;
+    in the first ``n_blocks`` blocks (None: all)."""
+    T = idx.shape[1]
+    mask = _mask(model, T, idx.device)
+    positions = torch.arange(T, device=idx.device, dtype=torch.float64)
+    distance = (positions[:, None] - positions[None, :]).abs()  # (T, T)
+    uniform = mask.double() / mask.sum(dim=-1, keepdim=True)
+    chance = float((uniform * distance).sum(dim=-1).mean())
+    out = []
+    for block, x in zip(model.blocks[:n_blocks], attention_inputs(model, idx)):
+        total = 0.0
+        for one in x.split(1):
+            content, position = block.attn.score_parts(one, causal=model.input_stack.causal)
+            weights = (content + position).double().masked_fill(~mask, float("-inf")).softmax(dim=-1)  # (1, H, T, T)
+            total = total + (weights * distance).sum(dim=-1).mean(dim=-1).sum(dim=0)  # (H,)
+        out.append(total / idx.shape[0])
+    result = torch.stack(out)
+    return result, torch.full_like(result, chance)
