@@ -12,7 +12,10 @@ overlapping, standard errors over windows. RoPE runs are also scored with each i
 - ``extrapolation.json``: every run's losses, errors and ratios, and the protocol;
 - ``extrapolation.md``: per family, loss at 1x and the ratio to 1x at each length (mean +- sd over seeds),
   beside the ratios the ALiBi paper published (WikiText-103, trained at 1024 tokens);
-- ``extrapolation.png``: loss vs length (log x-axis), one line per family, min-max band over seeds.
+- ``extrapolation.png``: loss vs length (log x-axis), one line per family, min-max band over seeds;
+- beside them, where each family puts position in the attention (``analysis.position_attention``, at the training
+  length): block 0's positional share of score variance and every head's attention distance, as a second table and
+  ``position_attention.png`` (both against the loss ratio at the longest length every family can be scored at).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 
 from pe_geometry.analysis.extrapolation import NA, fixed_target_losses
+from pe_geometry.analysis.position_attention import position_attention_report
 from pe_geometry.training.run_loader import load_trained_run
 
 # Perplexity at 2x/4x/8x/16x over perplexity at 1x, Press et al. (2022), trained at 1024 tokens (WikiText-103).
@@ -44,6 +48,19 @@ PUBLISHED_PPL_RATIO = {
     "t5_bias": (0.98, 1.03, 1.37, None),
     "alibi": (0.97, 0.96, 0.96, 0.96),
 }
+
+
+ATTENTION_BLOCKS = 16  # validation blocks at the training length for the attention figures (the first ones)
+
+
+ATTENTION_NOTE = (
+    "On the first {blocks} validation blocks at the training length (analysis.position_attention). Block 0 positional "
+    "share: the share of the score variance along the keys a query sees that comes from position-dependent terms (the "
+    "four position terms of the input for sinusoidal/learned, the encoding's own term otherwise: a rotation's change to "
+    "q.k, the score bias; NoPE 0), mean over heads; its null (RoPE/xPos): the same q and k with each head's rotation "
+    "pairs mixed by a random orthogonal matrix (20 draws). Distance / uniform: each head's mean |i - j| under its "
+    "attention weights over uniform attention's (1 = no preference, < 1 = local), mean over heads, the most local head "
+    "in brackets. Mean +- sd over seeds.")
 
 
 def run_dirs(folders: list[Path]) -> list[Path]:
@@ -66,6 +83,8 @@ def score_runs(folders: list[Path], multipliers: list[int], target_len: int | No
         stream = run.datamodule.streams["validation"]
         pe = run.choices.get("pe") or str(run.config.pe.get("_target_", "")).rsplit(".", 1)[-1]
         labels = [pe] + ([f"rope+{s}" for s in scalings] if pe == "rope" else [])
+        blocks = torch.from_numpy(np.asarray(stream[: ATTENTION_BLOCKS * seq_len], dtype=np.int64)).view(-1, seq_len)
+        attention = position_attention_report(run.model.eval(), blocks)  # at the training length
         base = None
         for label in labels:
             start = time.perf_counter()
@@ -75,7 +94,7 @@ def score_runs(folders: list[Path], multipliers: list[int], target_len: int | No
                 scaling = label.split("+", 1)[1]
                 scores = scaled_rope_losses(run_dir, scaling, datamodules, stream, seq_len, multipliers, target_len, base)
             scores = scores | {"run": str(run_dir), "family": label, "seed": int(run.config.get("seed", 0)), "step": run.step,
-                       "seconds": round(time.perf_counter() - start, 1)}
+                       "seconds": round(time.perf_counter() - start, 1), "attention": attention}
             results.append(scores)
             cells = [f"{m}x {v['loss']:.4f}" if v["loss"] != NA else f"{m}x n/a" for m, v in scores["lengths"].items()]
             print(f"{run_dir.name}: {label} s{scores['seed']}: " + "  ".join(cells), flush=True)
@@ -122,8 +141,29 @@ def summarise(results: list[dict], multipliers: list[int]) -> dict[str, dict]:
                 "ratio_mean": mean(ratios), "ratio_sd": stdev(ratios) if len(ratios) > 1 else 0.0,
                 "max_rel_se": max(e["rel_se"] for e in entries),
             }
-        summary[family] = {"seeds": sorted(r["seed"] for r in runs), "lengths": cells}
+        summary[family] = {"seeds": sorted(r["seed"] for r in runs), "lengths": cells,
+                           "attention": summarise_attention([r["attention"] for r in runs if "attention" in r])}
     return summary
+
+
+def summarise_attention(reports: list[dict]) -> dict | None:
+    """Seeds' block-0 positional share (mean over heads) and, per layer, attention distance over uniform attention's
+    (mean over heads, and the most local head's): mean and sd over seeds."""
+    if not reports:
+        return None
+
+    def stats(values: list[float]) -> dict:
+        return {"mean": mean(values), "sd": stdev(values) if len(values) > 1 else 0.0}
+
+    out = {"positional_share": stats([mean(r["positional_share"]) for r in reports])}
+    if all("null_mean" in r for r in reports):
+        out["null_mean"] = stats([mean(r["null_mean"]) for r in reports])
+        out["null_std"] = stats([mean(r["null_std"]) for r in reports])
+    n_layers = len(reports[0]["mean_distance"])
+    ratios = [[[d / r["distance_chance"][layer] for d in r["mean_distance"][layer]] for layer in range(n_layers)] for r in reports]
+    out["distance_ratio"] = [stats([mean(run[layer]) for run in ratios]) for layer in range(n_layers)]
+    out["most_local_ratio"] = [stats([min(run[layer]) for run in ratios]) for layer in range(n_layers)]
+    return out
 
 
 def markdown_table(summary: dict[str, dict], multipliers: list[int]) -> str:
@@ -142,6 +182,61 @@ def markdown_table(summary: dict[str, dict], multipliers: list[int]) -> str:
         row.append(" / ".join("–" if p is None else f"{p}" for p in published) if published else "")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def attention_table(summary: dict[str, dict], multiplier: int) -> str:
+    """Where each family puts position in the attention, beside its ratio at ``multiplier`` x (trained families only)."""
+    families = [f for f in sorted(summary, key=lambda f: _sort_key(summary[f], [1, multiplier])) if summary[f]["attention"]
+                and "+" not in f]
+    if not families:
+        return ""
+    n_layers = len(summary[families[0]]["attention"]["distance_ratio"])
+    head = (["family", "block 0 positional share", "its null (RoPE/xPos)"]
+            + [f"distance / uniform, block {i} (most local head)" for i in range(n_layers)] + [f"{multiplier}x / 1x loss"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for family in families:
+        a, cell = summary[family]["attention"], summary[family]["lengths"][str(multiplier)]
+        null = f"{a['null_mean']['mean']:.3f} (sd {a['null_std']['mean']:.3f})" if "null_mean" in a else "–"
+        row = [family, f"{a['positional_share']['mean']:.3f} ± {a['positional_share']['sd']:.3f}", null]
+        row += [f"{d['mean']:.2f} ± {d['sd']:.2f} ({m['mean']:.2f})" for d, m in zip(a["distance_ratio"], a["most_local_ratio"])]
+        row.append("n/a" if "na" in cell else f"{cell['ratio_mean']:.3f} ± {cell['ratio_sd']:.3f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def common_multiplier(summary: dict[str, dict], multipliers: list[int]) -> int:
+    """The longest length every trained family (not the RoPE scalings) can be scored at."""
+    trained = [s for f, s in summary.items() if "+" not in f]
+    return max(m for m in multipliers if all("na" not in s["lengths"][str(m)] for s in trained))
+
+
+def plot_attention(summary: dict[str, dict], multiplier: int, path: Path) -> None:
+    """Two panels, one point per family (seed mean, sd bars): block 0's positional share and block 0's attention
+    distance over uniform, each against the loss ratio at ``multiplier`` x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = sorted(f for f in summary if "+" not in f and summary[f]["attention"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True)
+    cmap = plt.get_cmap("tab10")
+    for i, family in enumerate(families):
+        a, cell = summary[family]["attention"], summary[family]["lengths"][str(multiplier)]
+        y, y_sd = cell["ratio_mean"], cell["ratio_sd"]
+        for ax, x in zip(axes, (a["positional_share"], a["distance_ratio"][0])):
+            ax.errorbar(x["mean"], y, xerr=x["sd"], yerr=y_sd, fmt="o", color=cmap(i % 10), capsize=2, label=family)
+            ax.annotate(family, (x["mean"], y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    axes[0].set_xlabel("block 0: share of score variance from position (mean over heads)")
+    axes[1].set_xlabel("block 0: mean attention distance / uniform attention's")
+    axes[0].set_ylabel(f"loss at {multiplier}x / loss at 1x (same targets)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle("Where position enters the attention, and how each family extrapolates (trained length, seed mean ± sd)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
 
 
 def _sort_key(entry: dict, multipliers: list[int]) -> tuple:
@@ -185,7 +280,7 @@ def plot(summary: dict[str, dict], multipliers: list[int], path: Path, title: st
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (or run folders) with trained runs")
-    parser.add_argument("--out", type=Path, required=True, help="folder for extrapolation.{json,md,png}")
+    parser.add_argument("--out", type=Path, required=True, help="folder for extrapolation.{json,md,png}, position_attention.png")
     parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--target-len", type=int, default=None, help="scored tokens per window (default seq_len // 2)")
     parser.add_argument("--scalings", nargs="*", default=["linear", "ntk", "dynamic_ntk", "yarn"],
@@ -205,10 +300,15 @@ def main(argv: list[str] | None = None) -> dict:
     (args.out / "extrapolation.json").write_text(json.dumps(payload, indent=1))
     table = markdown_table(summary, args.multipliers)
     worst = max((c.get("max_rel_se", 0.0) for s in summary.values() for c in s["lengths"].values()), default=float("nan"))
+    common = common_multiplier(summary, args.multipliers)
+    attention = attention_table(summary, common)
     (args.out / "extrapolation.md").write_text(
         f"# Length extrapolation\n\n{protocol}.\n\nLargest standard error of a run's loss (over windows): "
-        f"{100 * worst:.2f} % of the loss.\n\n{table}\n\n![loss vs length](extrapolation.png)\n")
+        f"{100 * worst:.2f} % of the loss.\n\n{table}\n\n![loss vs length](extrapolation.png)\n\n"
+        f"## Where position enters the attention\n\n{ATTENTION_NOTE.format(blocks=ATTENTION_BLOCKS)}\n\n{attention}\n\n"
+        "![position in the attention vs extrapolation](position_attention.png)\n")
     plot(summary, args.multipliers, args.out / "extrapolation.png", protocol[:110] + "...")
+    plot_attention(summary, common, args.out / "position_attention.png")
     print(table)
     print(f"wrote {args.out}/extrapolation.{{json,md,png}} in {time.perf_counter() - start:.0f} s")
     return payload

@@ -134,3 +134,14 @@ def test_mean_distance_of_uniform_attention_is_its_chance_and_alibi_is_local():
             by_query.append(sum(d * x for d, x in enumerate(w)) / sum(w))
         assert math.isclose(float(distance[0, h]), sum(by_query) / T, rel_tol=1e-9)
     assert distance[0, 0] < 0.6 * (T - 1) / 4  # the steepest head looks closer than chance
+
+
+def test_the_report_holds_both_figures_with_the_null_only_for_a_rotation():
+    idx = tokens()
+    rope = pa.position_attention_report(build(DecoderLM, "rope", ExplicitAttention).eval(), idx, n_draws=5)
+    alibi = pa.position_attention_report(build(EncoderMLM, "alibi", ExplicitAttention).eval(), idx, n_draws=5)
+    assert len(rope["positional_share"]) == 4 and len(rope["null_mean"]) == 4 and len(rope["null_std"]) == 4
+    assert "null_mean" not in alibi
+    assert [len(row) for row in rope["mean_distance"]] == [4, 4]
+    assert rope["distance_chance"] == [pytest.approx((T - 1) / 4)] * 2
+    assert alibi["distance_chance"] == [pytest.approx((T * T - 1) / (3 * T))] * 2

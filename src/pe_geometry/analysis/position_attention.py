@@ -116,3 +116,18 @@ def mean_attention_distance(model: LanguageModel, idx: Tensor, n_blocks: int | N
         out.append(total / idx.shape[0])
     result = torch.stack(out)
     return result, torch.full_like(result, chance)
+
+
+def position_attention_report(model: LanguageModel, idx: Tensor, n_draws: int = 20, seed: int = 0) -> dict:
+    """Both figures of a trained model on token blocks idx (B, T), as plain lists (JSON-ready):
+
+    ``positional_share`` (H,) block 0; ``null_mean`` / ``null_std`` (H,) for a rotation (else absent);
+    ``mean_distance`` (n_layers, H); ``distance_chance`` (n_layers,), uniform attention's.
+    """
+    with torch.no_grad():
+        report = {"positional_share": positional_share(model, idx).tolist()}
+        if has_rotation(model):
+            draws = rotation_share_draws(model, idx, n_draws, seed)
+            report |= {"null_mean": draws.mean(dim=0).tolist(), "null_std": draws.std(dim=0).tolist()}
+        distance, chance = mean_attention_distance(model, idx)
+    return report | {"mean_distance": distance.tolist(), "distance_chance": chance[:, 0].tolist()}
