@@ -164,8 +164,9 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
     if rows:
         lines += [f"{heading} C5: positional heads in block 0 (every position-dependent term counted)", "",
                   "Heads whose position-dependent score variance exceeds half, and that share averaged over the heads. At "
-                  "initialisation it is already high (three of the four cross terms involve position), so the reference "
-                  "is step 0, not 0.", ""]
+                  "initialisation it is already high for an input table (three of the four cross terms involve position), "
+                  "so the reference is step 0, not 0. Every family is on this axis: for one acting inside attention the "
+                  "position term is the encoding's own (a rotation's change to q·k, a score bias; NoPE 0).", ""]
         lines += md_table(["arm", "positional heads, step 0", "end", "positional share, step 0", "end", "heads", "n seeds"], rows)
     return lines
 
