@@ -51,7 +51,7 @@ BAD_VALUES = [
     (['embedding.tie_weights=2'], 'embedding.tie_weights=2 must be true or false'),
     (['+embedding.dim=3'], 'embedding.dim is not a setting of embedding=plain; valid: '),
     (['+attention.dropout=0.1'], 'attention.dropout is not a setting of attention=sdpa; valid: '),
-    (['+attention.window=4'], 'attention.window is not a setting of attention=sdpa; valid: '),
+    (['+attention.windw=4'], "attention.windw is not a setting of attention=sdpa; valid: ['logn_scaling', 'n_kv_heads', 'qk_norm', 'qk_norm_scale', 'training_length', 'window']"),
     (['data.seq_len=1'], 'data.seq_len=1 must be an integer >= 2'),
     (['data.seq_len=abc'], 'data.seq_len=abc must be an integer >= 2'),
     (['data.batch_size=0'], 'data.batch_size=0 must be a positive integer'),

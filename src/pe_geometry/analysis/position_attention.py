@@ -30,7 +30,6 @@ import torch
 from torch import Tensor
 
 from pe_geometry.analysis.attention_split import first_layer_attention_split
-from pe_geometry.model.attention import causal_mask
 from pe_geometry.model.positional import RotaryPE
 from pe_geometry.model.transformer import LanguageModel
 
@@ -42,8 +41,8 @@ def attention_inputs(model: LanguageModel, idx: Tensor) -> Iterator[Tensor]:
 
 
 def _mask(model: LanguageModel, T: int, device: torch.device) -> Tensor:
-    causal = model.input_stack.causal
-    return causal_mask(T, T, device) if causal else torch.ones(T, T, dtype=torch.bool, device=device)
+    """(T, T) bool: the keys each query of block 0's self-attention sees (causal, a sliding window's band, or all)."""
+    return model.blocks[0].attn.visible_keys_mask(T, model.input_stack.causal, device)
 
 
 def _share_sums(content: Tensor, position: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,9 +1,30 @@
-"""Multi-head attention with two interchangeable kernels.
+"""Multi-head attention with two interchangeable kernels, and the variants modern models use.
 
 ``ExplicitAttention`` writes softmax(QK^T / sqrt(d_head) + bias) V out by hand and
 can keep the attention weights for analysis; ``SDPAttention`` hands the same
 tensors to ``torch.nn.functional.scaled_dot_product_attention``. Both share the
 projections, so with the same weights they give the same outputs.
+
+Four keys of the ``attention`` config group change the design, not the kernel (each off by default, and off
+means the numbers of plain multi-head attention):
+
+- ``n_kv_heads`` (grouped-query attention; 1 = multi-query, Shazeer 2019; Ainslie et al. 2023): the key/value
+  projection makes ``n_kv_heads`` heads, query head h reads key/value head h // (n_heads / n_kv_heads). The
+  cache keeps only the shared heads;
+- ``qk_norm`` (Henry et al. 2020, x-transformers' ``qk_norm``): q and k of each head are l2-normalised and the
+  logit is a learned per-head temperature times their cosine, tau_h cos(q, k), tau starting at ``qk_norm_scale``.
+  The norm comes first and the positional hooks after it (norm, then rotate): a rotation keeps the norm, so
+  RoPE's q.k still depends on positions only through their difference, and the magnitudes an encoding puts on
+  q and k on purpose (xPos's decay, YaRN's attention factor) reach the logits instead of being normalised away;
+- ``window`` (sliding-window attention, Beltagy et al. 2020; Mistral): a causal query at position i sees the keys
+  in (i - window, i]; a bidirectional one those with |i - j| < window. Both kernels mask; the cache keeps only
+  the last window - 1 keys between calls (with the new token's own key, the window of keys a query sees);
+- ``logn_scaling`` (log-length scaling, Chiang and Cholak 2022; Qwen's logn-attn): the logits of a query that sees
+  n positions (causal: n = its position + 1; bidirectional: the sequence length) are multiplied by
+  max(1, log n / log ``training_length``), so past the training length the softmax keeps the entropy it had.
+
+``window`` and ``logn_scaling`` act on self-attention only: a cross-attention's queries and keys come from two
+sequences whose positions are unrelated. ``n_kv_heads`` and ``qk_norm`` apply to both.
 
 ``KVCache`` holds the keys and values already computed during incremental decoding,
 so each new token costs one query against the cache instead of a full forward pass.
@@ -25,9 +46,11 @@ class KVCache:
 
     One cache belongs to one generation: pass the same object to every forward call.
     Self-attention layers append the new tokens' keys (already rotated, for RoPE) and
-    values; cross-attention layers compute their context's keys and values on the first
-    call and reuse them. ``length`` is the number of tokens read so far, which is also
-    the absolute position of the next one; the model advances it after each call.
+    values, of the shared key/value heads only under grouped-query attention (B, n_kv_heads, S, d_head);
+    with a ``window`` they keep only the last window - 1. Cross-attention layers compute their context's
+    keys and values on the first call and reuse them. ``length`` is the number of tokens read so far,
+    which is also the absolute position of the next one (whatever a window dropped); the model
+    advances it after each call.
     """
 
     def __init__(self) -> None:
@@ -42,46 +65,137 @@ class KVCache:
         self._layers[layer] = (k, v)
 
 
+def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """Boolean (Tq, Tk) mask, True where query i may attend to key j.
+
+    The queries are the last ``q_len`` of the ``k_len`` positions (a cache holds the
+    earlier ones), so query i sits at position ``k_len - q_len + i`` and sees j up to it.
+    """
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+
+
+def attention_mask(
+    q_len: int, k_len: int, causal: bool, window: int | None = None, device: torch.device | None = None
+) -> Tensor | None:
+    """Boolean (Tq, Tk) mask, True where query i may attend to key j; None when every query sees every key.
+
+    Causal: the queries are the last ``q_len`` of the ``k_len`` keys (as in ``causal_mask``), and with a ``window``
+    query i sees the keys j with 0 <= i - j < window. Bidirectional (q_len == k_len): |i - j| < window.
+    """
+    if causal:
+        if q_len == 1 and (window is None or window >= k_len):  # the newest position sees every key
+            return None
+        if window is None:
+            return causal_mask(q_len, k_len, device)
+    elif window is None or window >= max(q_len, k_len):
+        return None
+    i = torch.arange(k_len - q_len if causal else 0, k_len if causal else q_len, device=device)[:, None]
+    distance = i - torch.arange(k_len, device=device)[None, :]  # (Tq, Tk): query position - key position
+    inside = distance.abs() < window
+    return inside & (distance >= 0) if causal else inside
+
+
 class MultiHeadAttention(nn.Module):
     """Projections and head reshaping; subclasses implement ``attend``.
 
     Self-attention applies the positional hooks (``rotate_qk``, ``score_bias``, ``qk_bias``);
     cross-attention (``context`` given) does not: the two sequences' positions
-    are unrelated, as in the original encoder-decoder.
+    are unrelated, as in the original encoder-decoder. The variants (``n_kv_heads``, ``qk_norm``,
+    ``window``, ``logn_scaling``) are described in the module docstring.
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, pe: PositionalEncoding | None = None, dropout: float = 0.0
+        self,
+        d_model: int,
+        n_heads: int,
+        pe: PositionalEncoding | None = None,
+        dropout: float = 0.0,
+        n_kv_heads: int | None = None,
+        qk_norm: bool = False,
+        qk_norm_scale: float = 10.0,
+        window: int | None = None,
+        logn_scaling: bool = False,
+        training_length: int | None = None,
     ) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        MultiHeadAttention.check_settings(
+            d_model, n_heads, seq_len=0, n_kv_heads=n_kv_heads, qk_norm_scale=qk_norm_scale, window=window,
+            logn_scaling=logn_scaling, training_length=training_length,
+        )
         self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.q = nn.Linear(d_model, d_model)
-        self.kv = nn.Linear(d_model, 2 * d_model)
+        self.kv = nn.Linear(d_model, 2 * self.n_kv_heads * self.d_head)
         self.o = nn.Linear(d_model, d_model)
         self.pe = pe if pe is not None else PositionalEncoding(d_model, n_heads)
         self.dropout = dropout
+        self.qk_norm = qk_norm
+        # tau_h: the logit of a query and a key pointing the same way (a 1-d parameter: no weight decay)
+        self.qk_temperature = nn.Parameter(torch.full((n_heads,), float(qk_norm_scale))) if qk_norm else None
+        self.window, self.logn_scaling, self.training_length = window, logn_scaling, training_length
+
+    @classmethod
+    def check_settings(
+        cls, d_model: int, n_heads: int, seq_len: int, n_kv_heads: int | None = None, qk_norm_scale: float = 10.0,
+        window: int | None = None, logn_scaling: bool = False, training_length: int | None = None, **settings
+    ) -> None:
+        """Raise ValueError (one line naming the config key) for settings that cannot work with these sizes."""
+        if n_kv_heads is not None and (n_kv_heads < 1 or n_heads % n_kv_heads):
+            divisors = [h for h in range(1, n_heads + 1) if n_heads % h == 0]
+            raise ValueError(f"attention.n_kv_heads={n_kv_heads} must divide model.n_heads={n_heads} (each key/value head "
+                             f"serves n_heads/n_kv_heads query heads); valid: {divisors} or null")
+        if not qk_norm_scale > 0:
+            raise ValueError(f"attention.qk_norm_scale={qk_norm_scale} must be > 0 (the temperature's start)")
+        if window is not None and window < 1:
+            raise ValueError(f"attention.window={window} must be a positive number of positions, or null for all")
+        if logn_scaling and (training_length is None or training_length < 2):
+            raise ValueError(f"attention.logn_scaling=true needs attention.training_length >= 2 (the length the model "
+                             f"was trained at; log n / log training_length), got {'null' if training_length is None else training_length}")
+
+    @classmethod
+    def settings_warnings(
+        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", window: int | None = None, **settings
+    ) -> list[str]:
+        """Lines to warn with (one each) when a setting works but does not fit this run."""
+        if window is not None and window >= seq_len:
+            return [f"attention.window={window} is at least data.seq_len={seq_len}: in training every query sees all its "
+                    "keys; the window acts only on longer texts"]
+        return []
 
     # Per-head weights by plain names, in TransformerLens shapes (views of the packed nn.Linear weights, which
     # compute x @ weight.T): head h's query is x @ W_Q[h] + b_Q[h], and its output adds z_h @ W_O[h] (+ b_O once).
-    def _heads_in(self, weight: Tensor) -> Tensor:  # (n_heads * d_head, d_model) -> (n_heads, d_model, d_head)
-        return weight.view(self.n_heads, self.d_head, -1).transpose(1, 2)
+    # W_K, W_V, b_K, b_V are per *query* head, as TransformerLens gives grouped-query attention: head h's key is
+    # x @ W_K[h] + b_K[h], the shared key/value head h // (n_heads / n_kv_heads) repeated for each query head of its
+    # group (then a copy, not a view; the shared weights themselves are the rows of ``kv``).
+    def _heads_in(self, weight: Tensor, n_heads: int) -> Tensor:  # (n * d_head, d_model) -> (n, d_model, d_head)
+        return weight.view(n_heads, self.d_head, -1).transpose(1, 2)
+
+    @property
+    def n_groups(self) -> int:
+        """Query heads per key/value head: 1 for plain multi-head attention, n_heads for multi-query."""
+        return self.n_heads // self.n_kv_heads
+
+    def _per_query_head(self, t: Tensor, dim: int = 0) -> Tensor:
+        """A tensor over the key/value heads (along ``dim``) -> over the query heads: each shared head repeated for
+        the query heads of its group (itself, not a copy, without grouping)."""
+        return t if self.n_groups == 1 else t.repeat_interleave(self.n_groups, dim=dim)
 
     @property
     def W_Q(self) -> Tensor:
         """(n_heads, d_model, d_head)"""
-        return self._heads_in(self.q.weight)
+        return self._heads_in(self.q.weight, self.n_heads)
 
     @property
     def W_K(self) -> Tensor:
-        """(n_heads, d_model, d_head)"""
-        return self._heads_in(self.kv.weight[: self.n_heads * self.d_head])
+        """(n_heads, d_model, d_head): per query head (see above)"""
+        return self._per_query_head(self._heads_in(self.kv.weight[: self.n_kv_heads * self.d_head], self.n_kv_heads))
 
     @property
     def W_V(self) -> Tensor:
-        """(n_heads, d_model, d_head)"""
-        return self._heads_in(self.kv.weight[self.n_heads * self.d_head :])
+        """(n_heads, d_model, d_head): per query head (see above)"""
+        return self._per_query_head(self._heads_in(self.kv.weight[self.n_kv_heads * self.d_head :], self.n_kv_heads))
 
     @property
     def W_O(self) -> Tensor:
@@ -95,66 +209,125 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def b_K(self) -> Tensor:
-        """(n_heads, d_head)"""
-        return self.kv.bias[: self.n_heads * self.d_head].view(self.n_heads, self.d_head)
+        """(n_heads, d_head): per query head (see above)"""
+        return self._per_query_head(self.kv.bias[: self.n_kv_heads * self.d_head].view(self.n_kv_heads, self.d_head))
 
     @property
     def b_V(self) -> Tensor:
-        """(n_heads, d_head)"""
-        return self.kv.bias[self.n_heads * self.d_head :].view(self.n_heads, self.d_head)
+        """(n_heads, d_head): per query head (see above)"""
+        return self._per_query_head(self.kv.bias[self.n_kv_heads * self.d_head :].view(self.n_kv_heads, self.d_head))
 
     @property
     def b_O(self) -> Tensor:
         """(d_model,)"""
         return self.o.bias
 
+    def _queries(self, x: Tensor) -> Tensor:
+        """x (B, T, D) -> q (B, H, T, dh). Under ``qk_norm``: unit length times tau_h sqrt(d_head), so that the
+        kernels' q.k / sqrt(d_head) is tau_h cos(q, k) and every hook (CoPE's gates too) reads the real logits."""
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)
+        if self.qk_norm:
+            scale = self.qk_temperature * math.sqrt(self.d_head)  # (H,)
+            q = F.normalize(q, dim=-1) * scale.to(q.dtype)[:, None, None]
+        return q
+
     def _keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        """source (B, S, D) -> k, v (B, n_kv_heads, S, dh) each; k of unit length under ``qk_norm``."""
         B, S, _ = source.shape
-        k, v = self.kv(source).view(B, S, 2, self.n_heads, self.d_head).unbind(2)
-        return k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, dh) each
+        k, v = self.kv(source).view(B, S, 2, self.n_kv_heads, self.d_head).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        return (F.normalize(k, dim=-1) if self.qk_norm else k), v
+
+    def _logn_factor(self, q_len: int, start: int, causal: bool, device: torch.device) -> Tensor | None:
+        """(Tq, 1) float32: what ``logn_scaling`` multiplies each query's logits by, or None where all are 1.
+
+        A query sees n positions: its own position + 1 when causal (the queries are ``start ..``), the whole
+        sequence when not; factor = max(1, log n / log training_length)."""
+        if not self.logn_scaling:
+            return None
+        longest = start + q_len
+        if longest <= self.training_length:
+            return None
+        if causal:
+            n = torch.arange(start + 1, longest + 1, device=device, dtype=torch.float32)
+        else:
+            n = torch.full((q_len,), float(longest), device=device)
+        return (n.log() / math.log(self.training_length)).clamp(min=1.0)[:, None]
+
+    def _contextual_bias(self, q: Tensor, k: Tensor, start: int, causal: bool) -> Tensor | None:
+        """The encoding's ``qk_bias`` (CoPE), given keys per query head; skipped without one (so a grouped
+        attention does not copy its keys for nothing)."""
+        if self.n_groups > 1 and type(self.pe).qk_bias is PositionalEncoding.qk_bias:
+            return None
+        return self.pe.qk_bias(q, self._per_query_head(k, dim=1), start, causal)
 
     def forward(
         self, x: Tensor, context: Tensor | None = None, causal: bool = False, cache: KVCache | None = None
     ) -> Tensor:
         """x (B, T, D) -> (B, T, D). With ``cache``, x holds only the tokens after ``cache.length``."""
         B, T, C = x.shape
-        q = self.q(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, dh)
+        q = self._queries(x)  # (B, H, T, dh)
         past = cache.get(self) if cache is not None else None
-        bias = None
+        bias, window = None, None
         if context is not None:  # cross-attention: the context's keys and values never change
             k, v = past if past is not None else self._keys_values(context)
+            if cache is not None:
+                cache.put(self, k, v)
         else:
             start = cache.length if cache is not None else 0
-            k, v = self._keys_values(x)
+            k, v = self._keys_values(x)  # (B, Hkv, T, dh)
             q, k = self.pe.rotate_qk(q, k, start)
             if past is not None:
-                k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)  # (B, H, start + T, dh)
-            bias = self.pe.score_bias(T, k.shape[2], start)  # (H, T, S) or None
-            contextual = self.pe.qk_bias(q, k, start, causal)  # (B, H, T, S) or None: CoPE
+                k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)  # (B, Hkv, S, dh)
+            S, window = k.shape[2], self.window
+            first = start + T - S  # the first key's position: > 0 once a window has dropped the oldest keys
+            bias = self.pe.score_bias(T, start + T, start)  # (H, T, start + T) or None
+            if bias is not None and first:
+                bias = bias[..., first:]
+            contextual = self._contextual_bias(q, k, start, causal)  # (B, H, T, S) or None: CoPE
             if contextual is not None:
                 bias = contextual if bias is None else bias + contextual
-        if cache is not None:
-            cache.put(self, k, v)
-        causal = causal and T > 1  # a single query is the newest position: it may see every key
-        y = self.attend(q, k, v, bias, causal)  # (B, H, T, dh)
+            if cache is not None:
+                keep = S if window is None else min(S, window - 1)  # the next query sees its own key and these
+                cache.put(self, k[:, :, S - keep :], v[:, :, S - keep :])
+            factor = self._logn_factor(T, start, causal, x.device)
+            if factor is not None:  # the whole logit, q.k / sqrt(d_head) + bias, times the query's factor
+                q = q * factor.to(q.dtype)
+                bias = None if bias is None else bias * factor.to(bias.dtype)
+        y = self.attend(q, k, v, bias, causal, window)  # (B, H, T, dh)
         return self.o(y.transpose(1, 2).reshape(B, T, C))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool) -> Tensor:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, window: int | None = None
+    ) -> Tensor:
+        """q (B, H, T, dh), k and v (B, n_kv_heads, S, dh), bias (H or B x H, T, S) or None -> (B, H, T, dh).
+
+        The queries are the last T of the S key positions; ``attention_mask`` says which keys each may see."""
         raise NotImplementedError("use ExplicitAttention or SDPAttention")
+
+    def visible_keys_mask(self, seq_len: int, causal: bool, device: torch.device | None = None) -> Tensor:
+        """For analysis: (T, T) bool, True where this self-attention lets query i see key j in a full pass over
+        ``seq_len`` tokens (the causal mask, the window's band, both, or all True)."""
+        mask = attention_mask(seq_len, seq_len, causal, self.window, device)
+        return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device) if mask is None else mask
 
     def score_parts(self, x: Tensor, causal: bool = False, mix: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """For analysis: this self-attention's scores on x (B, T, D), split as content + position.
 
-        content = q.k / sqrt(d_head) of the projections before any positional hook; position = what the
-        encoding adds to it: the change a rotation makes to q.k (RoPE, xPos) plus any score bias (ALiBi, T5,
-        FIRE, Kerple, CoPE's contextual one). content + position are the logits ``attend`` reads, before the
-        causal mask (both (B, H, T, T) float32; position is 0 for an encoding without hooks). ``mix``
-        (H, d_head, d_head), orthogonal: q and k of head h are multiplied by mix[h] before the hooks, which
-        keeps every content score and moves the head's q/k energy to other rotation pairs (the rotation null).
+        content = q.k / sqrt(d_head) of the projections before any positional hook (under ``qk_norm``, of the
+        normalised q and k: tau_h cos(q, k)); position = what the encoding adds to it: the change a rotation makes
+        to q.k (RoPE, xPos) plus any score bias (ALiBi, T5, FIRE, Kerple, CoPE's contextual one). Under
+        ``logn_scaling`` both are multiplied by the query's factor (1 within the training length). content +
+        position are the logits ``attend`` reads, before the mask (``visible_keys_mask``; both (B, H, T, T)
+        float32; position is 0 for an encoding without hooks). Keys are per query head (grouped-query attention
+        repeats the shared ones). ``mix`` (H, d_head, d_head), orthogonal: q and k of head h are multiplied by
+        mix[h] before the hooks, which keeps every content score and moves the head's q/k energy to other
+        rotation pairs (the rotation null).
         """
-        B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, dh)
-        k, _ = self._keys_values(x)
+        T = x.shape[1]
+        q = self._queries(x)  # (B, H, T, dh)
+        k = self._per_query_head(self._keys_values(x)[0], dim=1)
         if mix is not None:
             q, k = q @ mix.to(q.dtype), k @ mix.to(k.dtype)
         scale = 1.0 / math.sqrt(self.d_head)
@@ -164,16 +337,10 @@ class MultiHeadAttention(nn.Module):
         for bias in (self.pe.score_bias(T, T, 0), self.pe.qk_bias(q, k, 0, causal)):
             if bias is not None:
                 position = position + bias.float()
+        factor = self._logn_factor(T, 0, causal, x.device)
+        if factor is not None:
+            content, position = content * factor, position * factor
         return content, position
-
-
-def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
-    """Boolean (Tq, Tk) mask, True where query i may attend to key j.
-
-    The queries are the last ``q_len`` of the ``k_len`` positions (a cache holds the
-    earlier ones), so query i sits at position ``k_len - q_len + i`` and sees j up to it.
-    """
-    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
 
 
 class ExplicitAttention(MultiHeadAttention):
@@ -182,12 +349,16 @@ class ExplicitAttention(MultiHeadAttention):
     keep_weights: bool = False
     attn_weights: Tensor | None = None
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool) -> Tensor:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, window: int | None = None
+    ) -> Tensor:
+        k, v = self._per_query_head(k, dim=1), self._per_query_head(v, dim=1)  # grouped: each query head's copy
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
         if bias is not None:
             scores = scores + bias.to(scores.dtype)  # a float32 bias would promote bf16 scores (and then fail on v)
-        if causal:
-            scores = scores.masked_fill(~causal_mask(*scores.shape[-2:], scores.device), float("-inf"))
+        mask = attention_mask(*scores.shape[-2:], causal, window, scores.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
         weights = scores.softmax(dim=-1)
         if self.keep_weights:
             self.attn_weights = weights.detach()
@@ -196,15 +367,28 @@ class ExplicitAttention(MultiHeadAttention):
 
 
 class SDPAttention(MultiHeadAttention):
-    """The fast path: torch's fused ``scaled_dot_product_attention``."""
+    """The fast path: torch's fused ``scaled_dot_product_attention``.
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool) -> Tensor:
+    Grouped keys and values go in as they are (``enable_gqa``) where no mask is passed (flash's causal layout
+    included); with a mask they are repeated per query head first, because with ``enable_gqa`` and a mask SDPA
+    falls back to its math kernel (the (B, H, T, S) scores in float32) instead of the memory-efficient one.
+    """
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, window: int | None = None
+    ) -> Tensor:
         dropout = self.dropout if self.training else 0.0
         T, S = q.shape[-2], k.shape[-2]
-        if bias is None and (T == S or not causal):
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal)
-        if bias is None:  # is_causal aligns the mask top-left; cached queries need it bottom-right
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, S, q.device), dropout_p=dropout)
-        if causal:  # SDPA takes one mask: fold the causal mask into the additive bias
-            bias = bias.masked_fill(~causal_mask(T, S, bias.device), float("-inf"))
+        grouped = self.n_groups > 1
+        if bias is None and (window is None or window >= max(T, S)):  # no mask to build (flash can run)
+            if not causal or T == 1:  # a single query is the newest position: it sees every key
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, enable_gqa=grouped)
+            if T == S:  # is_causal aligns the mask top-left, which is bottom-right only when T == S
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=grouped)
+        mask = attention_mask(T, S, causal, window, q.device)
+        k, v = self._per_query_head(k, dim=1), self._per_query_head(v, dim=1)
+        if bias is None:  # a cached chunk (the mask aligned bottom-right) or a window
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        if mask is not None:  # SDPA takes one mask: fold the causal/window mask into the additive bias
+            bias = bias.masked_fill(~mask, float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)

@@ -127,6 +127,19 @@ class CoPESettings(TargetSettings):
     p_max: int = what("an integer >= 2", 64, ge=2)
 
 
+class AttentionSettings(TargetSettings):
+    """Both kernels' keys (model.attention.MultiHeadAttention); n_kv_heads | n_heads and logn_scaling's training length
+    are checked across keys by ``training.validate``."""
+
+    n_kv_heads: int | None = what("a positive integer dividing model.n_heads (1: multi-query), or null for model.n_heads",
+                                  None, ge=1)
+    qk_norm: bool = what("true or false", False, strict=True)
+    qk_norm_scale: float = what("a number > 0 (the learned temperature's start)", 10.0, gt=0, allow_inf_nan=False)
+    window: int | None = what("a positive number of positions a query sees, or null for all", None, ge=1)
+    logn_scaling: bool = what("true or false", False, strict=True)
+    training_length: int | None = what("an integer >= 2 (the length trained at), or null", None, ge=2)
+
+
 class EmbeddingSettings(TargetSettings):
     scaled: bool = what("true or false", False, strict=True)
     tie_weights: bool = what("true or false", True, strict=True)
@@ -315,6 +328,8 @@ SETTINGS: dict[str, type[TargetSettings]] = {
     "pe_geometry.model.FirePE": FireSettings,
     "pe_geometry.model.CoPE": CoPESettings,
     "pe_geometry.model.TokenEmbedding": EmbeddingSettings,
+    "pe_geometry.model.ExplicitAttention": AttentionSettings,
+    "pe_geometry.model.SDPAttention": AttentionSettings,
     "pe_geometry.data.datamodule.TextDataModule": DataSettings,
     "pe_geometry.data.hf.HFDataModule": HFDataSettings,
     "pe_geometry.data.corpus.ShakespeareCorpus": ShakespeareSettings,

@@ -51,6 +51,28 @@ def check_positional_encoding(cfg: DictConfig) -> None:
         log.warning("pe=%s: %s", _option("pe", pe), line)
 
 
+def check_attention(cfg: DictConfig) -> None:
+    """Ask the attention named by ``attention._target_`` whether its keys work with the model and data sizes
+    (``n_kv_heads`` must divide ``n_heads``, ``logn_scaling`` needs a training length); warn where they do not fit.
+    A user's own attention class without ``check_settings`` is taken as it is."""
+    attention = cfg.get("attention")
+    if attention is None or "_target_" not in attention:
+        return
+    attention_class = get_class(str(attention._target_))
+    settings = {k: v for k, v in attention.items() if not str(k).startswith("_")}
+    sizes = (int(cfg.model.d_model), int(cfg.model.n_heads), int(cfg.data.seq_len))
+    check = getattr(attention_class, "check_settings", None)
+    try:
+        if check is not None:
+            check(*sizes, **settings)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    precision = str(cfg.get("trainer", {}).get("precision", "32-true"))
+    warnings = getattr(attention_class, "settings_warnings", None)
+    for line in warnings(*sizes, precision=precision, **settings) if warnings else []:
+        log.warning("attention=%s: %s", _option("attention", attention), line)
+
+
 def check_run_settings(cfg: DictConfig) -> None:
     """Checks that need more than one key, or the machine: beyond what the schema's types and ranges say."""
     interval = cfg.trainer.get("val_check_interval")
@@ -95,6 +117,7 @@ def check_config(cfg: DictConfig) -> None:
         divisors = [h for h in range(1, min(d_model, 64) + 1) if d_model % h == 0]
         raise ConfigError(f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}; valid n_heads: {divisors}")
     check_positional_encoding(cfg)
+    check_attention(cfg)
     try:
         check_tokenizer_settings(data.tokenizer, int(data.vocab_size))
     except ValueError as err:
