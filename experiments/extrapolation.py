@@ -75,6 +75,26 @@ def run_dirs(folders: list[Path]) -> list[Path]:
     return found
 
 
+def attention_variant(config) -> str:
+    """How a run's attention differs from plain multi-head attention, as a label suffix: '' or ' (window 32, logn)'."""
+    attention = config.get("attention") or {}
+    parts = []
+    if attention.get("n_kv_heads") not in (None, config.model.get("n_heads")):
+        parts.append(f"{attention.n_kv_heads} kv heads")
+    if attention.get("qk_norm"):
+        parts.append("qk_norm")
+    if attention.get("window") is not None:
+        parts.append(f"window {attention.window}")
+    if attention.get("logn_scaling"):
+        parts.append("logn")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def is_scaled(family: str) -> bool:
+    """A RoPE run read with an inference-time scaling (not a trained arm of its own)."""
+    return family.startswith("rope+")
+
+
 def score_runs(folders: list[Path], multipliers: list[int], target_len: int | None, scalings: list[str]) -> list[dict]:
     results, datamodules = [], {}
     for run_dir in run_dirs(folders):
@@ -82,7 +102,8 @@ def score_runs(folders: list[Path], multipliers: list[int], target_len: int | No
         seq_len = int(run.config.data.seq_len)
         stream = run.datamodule.streams["validation"]
         pe = run.choices.get("pe") or str(run.config.pe.get("_target_", "")).rsplit(".", 1)[-1]
-        labels = [pe] + ([f"rope+{s}" for s in scalings] if pe == "rope" else [])
+        arm = pe + attention_variant(run.config)
+        labels = [arm] + ([f"rope+{s}" for s in scalings] if arm == "rope" else [])
         blocks = torch.from_numpy(np.asarray(stream[: ATTENTION_BLOCKS * seq_len], dtype=np.int64)).view(-1, seq_len)
         attention = position_attention_report(run.model.eval(), blocks)  # at the training length
         base = None
@@ -187,7 +208,7 @@ def markdown_table(summary: dict[str, dict], multipliers: list[int]) -> str:
 def attention_table(summary: dict[str, dict], multiplier: int) -> str:
     """Where each family puts position in the attention, beside its ratio at ``multiplier`` x (trained families only)."""
     families = [f for f in sorted(summary, key=lambda f: _sort_key(summary[f], [1, multiplier])) if summary[f]["attention"]
-                and "+" not in f]
+                and not is_scaled(f)]
     if not families:
         return ""
     n_layers = len(summary[families[0]]["attention"]["distance_ratio"])
@@ -206,7 +227,7 @@ def attention_table(summary: dict[str, dict], multiplier: int) -> str:
 
 def common_multiplier(summary: dict[str, dict], multipliers: list[int]) -> int:
     """The longest length every trained family (not the RoPE scalings) can be scored at."""
-    trained = [s for f, s in summary.items() if "+" not in f]
+    trained = [s for f, s in summary.items() if not is_scaled(f)]
     return max(m for m in multipliers if all("na" not in s["lengths"][str(m)] for s in trained))
 
 
@@ -218,7 +239,7 @@ def plot_attention(summary: dict[str, dict], multiplier: int, path: Path) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    families = sorted(f for f in summary if "+" not in f and summary[f]["attention"])
+    families = sorted(f for f in summary if not is_scaled(f) and summary[f]["attention"])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True)
     cmap = plt.get_cmap("tab10")
     for i, family in enumerate(families):
@@ -262,7 +283,7 @@ def plot(summary: dict[str, dict], multipliers: list[int], path: Path, title: st
         ys = [cells[str(m)]["loss_mean"] for m in xs]
         lo = [cells[str(m)]["loss_min"] for m in xs]
         hi = [cells[str(m)]["loss_max"] for m in xs]
-        style = "--" if "+" in family else "-"
+        style = "--" if is_scaled(family) else (":" if "(" in family else "-")
         ax.plot(xs, ys, style, marker="o", ms=3, color=cmap(i), label=family)
         ax.fill_between(xs, lo, hi, color=cmap(i), alpha=0.15, linewidth=0)
     ax.set_xscale("log", base=2)

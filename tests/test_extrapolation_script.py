@@ -24,18 +24,21 @@ def load_script():
 @pytest.mark.slow  # trains two runs
 def test_the_script_scores_every_run_and_places_each_family_on_the_attention_axes(tmp_path, tiny_corpus, cache_dir):
     sweep = tmp_path / "sweep"
-    for pe in ("rope", "learned"):
-        train(tiny_train_config(sweep / pe, tiny_corpus, cache_dir, [f"pe={pe}", "trainer.max_steps=3"]))
+    arms = {"rope": ["pe=rope"], "learned": ["pe=learned"], "window": ["pe=rope", "attention.window=4"]}
+    for name, overrides in arms.items():
+        train(tiny_train_config(sweep / name, tiny_corpus, cache_dir, [*overrides, "trainer.max_steps=3"]))
     out = tmp_path / "out"
-    payload = load_script().main([str(sweep / "rope" / "run"), str(sweep / "learned" / "run"), "--out", str(out),
+    payload = load_script().main([*(str(sweep / name / "run") for name in arms), "--out", str(out),
                                   "--multipliers", "1", "2", "--scalings", "linear"])
-    assert set(payload["summary"]) == {"rope", "rope+linear", "learned"}
+    # an attention variant is an arm of its own, not read with the RoPE scalings
+    assert set(payload["summary"]) == {"rope", "rope+linear", "learned", "rope (window 4)"}
+    assert payload["summary"]["rope (window 4)"]["attention"] is not None
     rope = payload["summary"]["rope"]["attention"]
     assert "null_mean" in rope and "null_mean" not in payload["summary"]["learned"]["attention"]
     assert len(rope["distance_ratio"]) == 2  # the tiny model's two blocks
     assert all(0 < d["mean"] < 2 for d in rope["distance_ratio"])
     md = (out / "extrapolation.md").read_text()
     assert "## Where position enters the attention" in md
-    rows = [line for line in md.splitlines() if line.startswith(("| rope ", "| learned ", "| rope+linear "))]
-    assert len(rows) == 5  # rope and learned in both tables, rope+linear in the loss table only
+    rows = [line for line in md.splitlines() if line.startswith(("| rope ", "| learned ", "| rope+linear ", "| rope (window 4) "))]
+    assert len(rows) == 7  # rope, learned and the window arm in both tables, rope+linear in the loss table only
     assert (out / "position_attention.png").stat().st_size > 10_000 and (out / "extrapolation.png").stat().st_size > 10_000
