@@ -95,31 +95,53 @@ def is_scaled(family: str) -> bool:
     return family.startswith("rope+")
 
 
-def score_runs(folders: list[Path], multipliers: list[int], target_len: int | None, scalings: list[str]) -> list[dict]:
+def score_runs(folders: list[Path], multipliers: list[int], target_len: int | None, scalings: list[str],
+               cache: Path | None = None) -> list[dict]:
+    """Every run's scores (one entry per label: the run, and a RoPE run once per scaling). With ``cache`` (a
+    folder), a run's entries are kept there and reused while its checkpoint step and the protocol are the same,
+    so a sweep can be scored as its runs finish and the final call only scores what is new."""
     results, datamodules = [], {}
+    protocol = {"multipliers": multipliers, "target_len": target_len, "scalings": scalings, "attention_blocks": ATTENTION_BLOCKS}
     for run_dir in run_dirs(folders):
+        cached = cache / f"{run_dir.parent.name}--{run_dir.name}.json" if cache is not None else None
         run = load_trained_run(run_dir, datamodules=datamodules)
-        seq_len = int(run.config.data.seq_len)
-        stream = run.datamodule.streams["validation"]
-        pe = run.choices.get("pe") or str(run.config.pe.get("_target_", "")).rsplit(".", 1)[-1]
-        arm = pe + attention_variant(run.config)
-        labels = [arm] + ([f"rope+{s}" for s in scalings] if arm == "rope" else [])
-        blocks = torch.from_numpy(np.asarray(stream[: ATTENTION_BLOCKS * seq_len], dtype=np.int64)).view(-1, seq_len)
-        attention = position_attention_report(run.model.eval(), blocks)  # at the training length
-        base = None
-        for label in labels:
-            start = time.perf_counter()
-            if base is None:
-                scores = base = fixed_target_losses(run.model, stream, seq_len, multipliers, target_len)
-            else:  # the RoPE run with an inference-time scaling, its factor set per length
-                scaling = label.split("+", 1)[1]
-                scores = scaled_rope_losses(run_dir, scaling, datamodules, stream, seq_len, multipliers, target_len, base)
-            scores = scores | {"run": str(run_dir), "family": label, "seed": int(run.config.get("seed", 0)), "step": run.step,
-                       "seconds": round(time.perf_counter() - start, 1), "attention": attention}
-            results.append(scores)
-            cells = [f"{m}x {v['loss']:.4f}" if v["loss"] != NA else f"{m}x n/a" for m, v in scores["lengths"].items()]
-            print(f"{run_dir.name}: {label} s{scores['seed']}: " + "  ".join(cells), flush=True)
+        if cached is not None and cached.is_file():
+            kept = json.loads(cached.read_text())
+            if kept["protocol"] == protocol and kept["run"] == str(run_dir) and kept["step"] == run.step:
+                results += kept["entries"]
+                print(f"{run_dir.name}: scored before (step {run.step})", flush=True)
+                continue
+        entries = score_run(run_dir, run, datamodules, multipliers, target_len, scalings)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(json.dumps({"protocol": protocol, "run": str(run_dir), "step": run.step, "entries": entries}))
+        results += entries
     return results
+
+
+def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], target_len: int | None,
+              scalings: list[str]) -> list[dict]:
+    seq_len = int(run.config.data.seq_len)
+    stream = run.datamodule.streams["validation"]
+    pe = run.choices.get("pe") or str(run.config.pe.get("_target_", "")).rsplit(".", 1)[-1]
+    arm = pe + attention_variant(run.config)
+    labels = [arm] + ([f"rope+{s}" for s in scalings] if arm == "rope" else [])
+    blocks = torch.from_numpy(np.asarray(stream[: ATTENTION_BLOCKS * seq_len], dtype=np.int64)).view(-1, seq_len)
+    attention = position_attention_report(run.model.eval(), blocks)  # at the training length
+    entries, base = [], None
+    for label in labels:
+        start = time.perf_counter()
+        if base is None:
+            scores = base = fixed_target_losses(run.model, stream, seq_len, multipliers, target_len)
+        else:  # the RoPE run with an inference-time scaling, its factor set per length
+            scaling = label.split("+", 1)[1]
+            scores = scaled_rope_losses(run_dir, scaling, datamodules, stream, seq_len, multipliers, target_len, base)
+        scores = scores | {"run": str(run_dir), "family": label, "seed": int(run.config.get("seed", 0)), "step": run.step,
+                           "seconds": round(time.perf_counter() - start, 1), "attention": attention}
+        entries.append(scores)
+        cells = [f"{m}x {v['loss']:.4f}" if v["loss"] != NA else f"{m}x n/a" for m, v in scores["lengths"].items()]
+        print(f"{run_dir.name}: {label} s{scores['seed']}: " + "  ".join(cells), flush=True)
+    return entries
 
 
 def scaled_rope_losses(run_dir: Path, scaling: str, datamodules: dict, stream, seq_len: int, multipliers: list[int],
@@ -306,10 +328,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--target-len", type=int, default=None, help="scored tokens per window (default seq_len // 2)")
     parser.add_argument("--scalings", nargs="*", default=["linear", "ntk", "dynamic_ntk", "yarn"],
                         help="inference-time RoPE scalings to score the RoPE runs with (none: --scalings)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="folder keeping each run's scores: a rerun scores only new or retrained runs")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     start = time.perf_counter()
-    results = score_runs(args.folders, args.multipliers, args.target_len, args.scalings)
+    results = score_runs(args.folders, args.multipliers, args.target_len, args.scalings, cache=args.cache)
     summary = summarise(results, args.multipliers)
     args.out.mkdir(parents=True, exist_ok=True)
     first = results[0]

@@ -22,14 +22,15 @@ def load_script():
 
 
 @pytest.mark.slow  # trains two runs
-def test_the_script_scores_every_run_and_places_each_family_on_the_attention_axes(tmp_path, tiny_corpus, cache_dir):
+def test_the_script_scores_every_run_and_places_each_family_on_the_attention_axes(tmp_path, tiny_corpus, cache_dir, capsys):
     sweep = tmp_path / "sweep"
     arms = {"rope": ["pe=rope"], "learned": ["pe=learned"], "window": ["pe=rope", "attention.window=4"]}
     for name, overrides in arms.items():
         train(tiny_train_config(sweep / name, tiny_corpus, cache_dir, [*overrides, "trainer.max_steps=3"]))
     out = tmp_path / "out"
-    payload = load_script().main([*(str(sweep / name / "run") for name in arms), "--out", str(out),
-                                  "--multipliers", "1", "2", "--scalings", "linear"])
+    argv = [*(str(sweep / name / "run") for name in arms), "--out", str(out), "--multipliers", "1", "2",
+            "--scalings", "linear", "--cache", str(tmp_path / "cache")]
+    payload = load_script().main(argv)
     # an attention variant is an arm of its own, not read with the RoPE scalings
     assert set(payload["summary"]) == {"rope", "rope+linear", "learned", "rope (window 4)"}
     assert payload["summary"]["rope (window 4)"]["attention"] is not None
@@ -41,4 +42,6 @@ def test_the_script_scores_every_run_and_places_each_family_on_the_attention_axe
     assert "## Where position enters the attention" in md
     rows = [line for line in md.splitlines() if line.startswith(("| rope ", "| learned ", "| rope+linear ", "| rope (window 4) "))]
     assert len(rows) == 7  # rope, learned and the window arm in both tables, rope+linear in the loss table only
+    again = load_script().main(argv)  # every run scored before: read back from the cache, same numbers
+    assert capsys.readouterr().out.count("scored before") == 3 and again["summary"] == payload["summary"]
     assert (out / "position_attention.png").stat().st_size > 10_000 and (out / "extrapolation.png").stat().st_size > 10_000
