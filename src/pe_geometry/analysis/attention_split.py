@@ -20,6 +20,21 @@ is taken from e + p, so the "word" parts carry a position-dependent scale.)
 
 Shares are of score variance along the keys a query may see (what the softmax sees:
 terms constant along a query's row, like e_i W_Q . b_K, cancel), pooled over queries.
+
+The attention variants (model/attention.py) keep the split exact, i.e. the terms still sum to the logits:
+
+- ``qk_norm``: q and k are l2-normalised per head after the projection (bias included) and the logit is
+  tau_h cos(q_i, k_j) = (s_i q_i) . (t_j k_j) / sqrt(d_head), s_i = tau_h sqrt(d_head) / |q_i|, t_j = 1 / |k_j|
+  (norms of the whole projected vectors). Every q-side part of query i (e_i W_Q, p_i W_Q, b_Q) is scaled by
+  s_i and every k-side part of key j by t_j, as the layer norm's parts share 1/sigma, so the seven terms
+  keep their names and stay linear. But the key bias is now t_j b_K, which varies along a query's row:
+  e_i W_Q . b_K t_j, p_i W_Q . b_K t_j and b_Q . b_K t_j move the softmax and count (word_bias, pos_bias,
+  bias_bias); without qk_norm they are constant along the row and their shares are 0. (The norms are a
+  second uncounted route, like 1/sigma: |q_i| and |k_j| are taken from word + position + bias together.)
+- ``logn_scaling``: query i's logits are multiplied by f_i = max(1, log n / log training_length); its q-side
+  parts are scaled by f_i (a per-row scale keeps row-constant terms row-constant).
+- ``window``: the keys a query may see are the layer's band (``visible_keys_mask``), not the causal mask.
+- ``n_kv_heads``: W_K and b_K are read per query head (each shared key head repeated), so nothing changes.
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ from torch import Tensor
 TERMS = ("word_word", "pos_pos", "word_pos", "pos_word", "word_bias", "pos_bias", "bias_bias")
 POSITIONAL_TERMS = ("pos_pos", "word_pos", "pos_word", "pos_bias")
 _CHUNK_ELEMENTS = 1 << 24  # score entries (heads x T x T) split_shares holds at once: 64 MB in float32
+_NORM_EPS = 1e-12  # F.normalize's floor on |q| and |k|, as the attention's qk_norm uses it
 
 
 def _f64(x: Tensor) -> Tensor:
@@ -60,6 +76,32 @@ def split_layernorm(
     return e_part, p_part, b_part
 
 
+def _rescale(
+    q_parts: tuple[Tensor, Tensor, Tensor],
+    k_parts: tuple[Tensor, Tensor, Tensor],
+    qk_temperature: Tensor | None,
+    query_scale: Tensor | None,
+) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """The variants' scales applied to the projected parts, so that their q . k / sqrt(d_head) is the real logit.
+
+    q_parts (word, position, bias) of the queries, k_parts of the keys, each (n_heads, T or 1, d_head) in one
+    dtype. qk_temperature (n_heads,): qk_norm's tau_h; query i's parts times s_i = tau_h sqrt(d_head) / |q_i|,
+    key j's times t_j = 1 / |k_j| (|.| of the sum of the parts, floored as F.normalize floors it); the biases
+    become (n_heads, T, d_head). query_scale (T,) or (T, 1): logn_scaling's factor, times the q-side parts.
+    """
+    if qk_temperature is not None:
+        d_head = q_parts[0].shape[-1]
+        q_norm = sum(q_parts).norm(dim=-1, keepdim=True).clamp_min(_NORM_EPS)  # (n_heads, T, 1)
+        k_norm = sum(k_parts).norm(dim=-1, keepdim=True).clamp_min(_NORM_EPS)
+        tau = qk_temperature.detach().to(device=q_norm.device, dtype=q_norm.dtype)[:, None, None]
+        s = tau * math.sqrt(d_head) / q_norm
+        q_parts, k_parts = tuple(t * s for t in q_parts), tuple(t / k_norm for t in k_parts)
+    if query_scale is not None:
+        f = query_scale.detach().to(device=q_parts[0].device, dtype=q_parts[0].dtype).reshape(-1, 1)  # (T, 1)
+        q_parts = tuple(t * f for t in q_parts)
+    return q_parts, k_parts
+
+
 def attention_split(
     e: Tensor,
     p: Tensor,
@@ -69,6 +111,8 @@ def attention_split(
     b_k: Tensor | None = None,
     *,
     n_heads: int,
+    qk_temperature: Tensor | None = None,
+    query_scale: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The seven score terms of TERMS, each (n_heads, T, T) float64, summing to the real scores.
 
@@ -77,6 +121,9 @@ def attention_split(
     W_q, W_k (D, n_heads * d_head) as used by x @ W (for an nn.Linear, weight.T);
     b_q, b_k (n_heads * d_head,) or None (zeros). Sum over terms ==
     (x W_q + b_q)(x W_k + b_k)^T / sqrt(d_head) per head, with x = e + p.
+    qk_temperature (n_heads,): the attention normalises q and k per head (qk_norm) and the sum is
+    tau_h cos(q_i, k_j) instead; query_scale (T,): query i's logits times query_scale[i] (logn_scaling).
+    See the module docstring; None = off for both.
     """
     d_head = W_q.shape[1] // n_heads
     W_q, W_k = _f64(W_q), _f64(W_k)
@@ -88,6 +135,8 @@ def attention_split(
     q_e, q_p, k_e, k_p = heads(_f64(e) @ W_q), heads(_f64(p) @ W_q), heads(_f64(e) @ W_k), heads(_f64(p) @ W_k)
     bq = heads(_f64(b_q) if b_q is not None else zero)  # (n_heads, 1, d_head)
     bk = heads(_f64(b_k) if b_k is not None else zero)
+    if qk_temperature is not None or query_scale is not None:
+        (q_e, q_p, bq), (k_e, k_p, bk) = _rescale((q_e, q_p, bq), (k_e, k_p, bk), qk_temperature, query_scale)
     scale = 1.0 / math.sqrt(d_head)
     T = e.shape[0]
 
@@ -145,6 +194,8 @@ def sequence_terms(
     *,
     n_heads: int,
     norm: tuple[Tensor, Tensor, float] | None = None,
+    qk_temperature: Tensor | None = None,
+    query_scale: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """attention_split of every sequence of word (B, T, D) with the shared position part (T, D): (B, n_heads, T, T) per term.
 
@@ -152,7 +203,8 @@ def sequence_terms(
     norm = (weight, bias, eps) of the LayerNorm the attention reads its input through (a pre-LN
     block's, or BERT's embedding LayerNorm), None when it reads x directly: the norm is split
     exactly (split_layernorm: shared 1/sigma, linear centring) and its constant folded into the
-    q/k biases. Works on any checkpoint's weights (this framework's models, BERT).
+    q/k biases. qk_temperature, query_scale: the attention variants, as attention_split.
+    Works on any checkpoint's weights (this framework's models, BERT).
     """
     W_q, W_k, b_q, b_k, position = _f64(W_q), _f64(W_k), _f64(b_q), _f64(b_k), _f64(position)
     per_sequence = []
@@ -162,7 +214,8 @@ def sequence_terms(
             bq, bk = b_q + b_ln[0] @ W_q, b_k + b_ln[0] @ W_k
         else:
             e_part, p_part, bq, bk = _f64(e), position, b_q, b_k
-        per_sequence.append(attention_split(e_part, p_part, W_q, W_k, bq, bk, n_heads=n_heads))
+        per_sequence.append(attention_split(e_part, p_part, W_q, W_k, bq, bk, n_heads=n_heads,
+                                            qk_temperature=qk_temperature, query_scale=query_scale))
     return {name: torch.stack([t[name] for t in per_sequence]) for name in TERMS}
 
 
@@ -178,6 +231,8 @@ def split_shares(
     norm: tuple[Tensor, Tensor, float] | None = None,
     mask: Tensor | None = None,
     dtype: torch.dtype = torch.float32,
+    qk_temperature: Tensor | None = None,
+    query_scale: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """term_shares(sequence_terms(...), mask) without materialising the terms: (n_heads,) float64 per term and ``positional``.
 
@@ -186,17 +241,23 @@ def split_shares(
     held at once, a few copies of them at the peak), from two facts that make the seven (T, T) terms
     unnecessary: (1) a term's covariance with the row-centred, masked score S_c is sum_ij t_ij S_c_ij
     (S_c's rows sum to 0 over the keys a query sees, so the term needs no centring, and a term
-    constant along a row, as e_i W_Q . b_K, b_Q . b_K, contributes exactly 0: b_K never matters);
-    (2) every term is a product a_i . c_j, so sum_ij (a_i . c_j) S_c_ij = sum_i a_i . (S_c C)_i:
-    one (T, T) x (T, 2 d_head) product S_c [K_e | K_p] gives all of them, and Var(S) is their sum (so
-    the shares sum to 1 as term_shares' do, whatever the dtype). The key bias is also left
-    out of S before centring (constant along a row), so the centring does not subtract large
-    constants. float32 is enough then (shares agree with the float64 split to ~1e-6, see the tests):
-    every figure is a ratio of sums of products of centred scores, with no difference of large
-    numbers left; the per-chunk sums are added up in float64.
+    constant along a row, as e_i W_Q . b_K, b_Q . b_K, contributes exactly 0: without qk_norm b_K
+    never matters); (2) every term is a product a_i . c_j, so sum_ij (a_i . c_j) S_c_ij =
+    sum_i a_i . (S_c C)_i: one (T, T) x (T, 2 d_head) product S_c [K_e | K_p] gives all of them, and
+    Var(S) is their sum (so the shares sum to 1 as term_shares' do, whatever the dtype). The key bias
+    is also left out of S before centring (constant along a row), so the centring does not subtract
+    large constants. float32 is enough then (shares agree with the float64 split to ~1e-6, see the
+    tests): every figure is a ratio of sums of products of centred scores, with no difference of large
+    numbers left; the per-chunk sums are added up in float64. Under qk_norm (qk_temperature given) the
+    key bias is t_j b_K, which varies along a row: it stays in S and a third product S_c (t b_K) adds
+    its share to word_bias, pos_bias and bias_bias. A large b_K makes the unit keys nearly parallel, so
+    the logits (up to tau_h) vary little along a row: each key part is first centred over the keys
+    (exact, since S_c's rows sum to 0), which keeps float32 near the float64 split. logn_scaling's
+    query_scale multiplies the q-side parts.
     """
     device = word.device
-    W_q, W_k, b_q, position = (t.detach().to(device=device, dtype=dtype) for t in (W_q, W_k, b_q, position))
+    W_q, W_k, b_q, b_k, position = (t.detach().to(device=device, dtype=dtype) for t in (W_q, W_k, b_q, b_k, position))
+    key_bias = qk_temperature is not None  # the key bias t_j b_K varies along a row: it counts
     T, d_head = position.shape[0], W_q.shape[1] // n_heads
     scale = 1.0 / math.sqrt(d_head)
     group = max(1, min(n_heads, _CHUNK_ELEMENTS // (T * T)))  # heads per chunk
@@ -216,20 +277,27 @@ def split_shares(
     for e in word:  # (T, D)
         if norm is not None:
             e_part, p_part, b_ln = split_layernorm(e, position, *norm, dtype=dtype)
-            bq = b_q + b_ln[0] @ W_q
+            bq, bk = b_q + b_ln[0] @ W_q, b_k + b_ln[0] @ W_k
         else:
-            e_part, p_part, bq = e.detach().to(dtype), position, b_q
+            e_part, p_part, bq, bk = e.detach().to(dtype), position, b_q, b_k
         q_e, q_p, k_e, k_p = heads(e_part @ W_q), heads(p_part @ W_q), heads(e_part @ W_k), heads(p_part @ W_k)
-        bq = heads(bq)  # (n_heads, 1, d_head)
+        bq, bk = heads(bq), heads(bk)  # (n_heads, 1, d_head); (n_heads, T, d_head) once rescaled
+        if qk_temperature is not None or query_scale is not None:
+            (q_e, q_p, bq), (k_e, k_p, bk) = _rescale((q_e, q_p, bq), (k_e, k_p, bk), qk_temperature, query_scale)
+        if key_bias:  # less each part's mean over the keys: a vector common to all keys adds nothing to S_c or S_c C
+            k_e, k_p, bk = (t - t.mean(dim=-2, keepdim=True) for t in (k_e, k_p, bk))
         for h in range(0, n_heads, group):
             hs = slice(h, h + group)
-            S = (q_e[hs] + q_p[hs] + bq[hs]) @ (k_e[hs] + k_p[hs]).transpose(-2, -1) * scale  # (h, T, T), no key bias
+            keys = k_e[hs] + k_p[hs] + bk[hs] if key_bias else k_e[hs] + k_p[hs]  # without qk_norm, no key bias
+            S = (q_e[hs] + q_p[hs] + bq[hs]) @ keys.transpose(-2, -1) * scale  # (h, T, T)
+            del keys
             if mask is not None:
                 S.masked_fill_(~mask, 0.0)
             S -= S.sum(dim=-1, keepdim=True) / n_keys
             if mask is not None:
                 S.masked_fill_(~mask, 0.0)  # S_c: row-centred over the keys each query sees, 0 elsewhere
             M_e, M_p = S @ k_e[hs] * scale, S @ k_p[hs] * scale  # (h, T, d_head)
+            M_b = S @ bk[hs] * scale if key_bias else None
             del S
             cov["word_word"][hs] += total(q_e[hs] * M_e)
             cov["pos_pos"][hs] += total(q_p[hs] * M_p)
@@ -237,14 +305,19 @@ def split_shares(
             cov["pos_word"][hs] += total(q_p[hs] * M_e)
             cov["word_bias"][hs] += total(bq[hs] * M_e)
             cov["pos_bias"][hs] += total(bq[hs] * M_p)
+            if M_b is not None:  # the key bias's side of each bias term
+                cov["word_bias"][hs] += total(q_e[hs] * M_b)
+                cov["pos_bias"][hs] += total(q_p[hs] * M_b)
+                cov["bias_bias"][hs] += total(bq[hs] * M_b)
     var = sum(cov.values())  # Var(S) = sum_t Cov(term_t, S): the shares sum to 1 (to float64 rounding) as term_shares'
-    shares = {name: c / var for name, c in cov.items()}  # bias_bias: 0 (constant along every row)
+    shares = {name: c / var for name, c in cov.items()}  # bias_bias: 0 without qk_norm (constant along every row)
     shares["positional"] = sum(shares[name] for name in POSITIONAL_TERMS)
     return shares
 
 
 def _first_layer_inputs(model, idx: Tensor) -> tuple[tuple, dict]:
-    """The arguments of sequence_terms / split_shares for block 0 of ``model`` on token blocks idx (B, T)."""
+    """The arguments of sequence_terms / split_shares for block 0 of ``model`` on token blocks idx (B, T), the
+    attention's variants included (qk_norm's temperatures, logn_scaling's per-query factor)."""
     stack, block = model.input_stack, model.blocks[0]
     attn = block.attn
 
@@ -254,11 +327,15 @@ def _first_layer_inputs(model, idx: Tensor) -> tuple[tuple, dict]:
     norm = (block.ln_attn.weight, block.ln_attn.bias, block.ln_attn.eps) if block.norm == "pre" else None
     args = (stack.embedding(idx), stack.pe.input_term(idx.shape[1]), packed(attn.W_Q), packed(attn.W_K),
             attn.b_Q.reshape(-1), attn.b_K.reshape(-1))
-    return args, {"n_heads": attn.n_heads, "norm": norm}
+    query_scale = attn._logn_factor(idx.shape[1], 0, stack.causal, idx.device)  # (T, 1) or None
+    return args, {"n_heads": attn.n_heads, "norm": norm, "qk_temperature": attn.qk_temperature,
+                  "query_scale": query_scale}
 
 
-def _causal_mask(model, T: int, device: torch.device | None = None) -> Tensor | None:
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril() if model.input_stack.causal else None
+def _visible_keys(model, T: int, device: torch.device | None = None) -> Tensor | None:
+    """(T, T) bool: the keys each query of block 0 sees (causal, a sliding window's band, or both); None for all."""
+    mask = model.blocks[0].attn.visible_keys_mask(T, model.input_stack.causal, device)
+    return None if bool(mask.all()) else mask
 
 
 def first_layer_terms(model, idx: Tensor) -> tuple[dict[str, Tensor], Tensor | None]:
@@ -266,12 +343,14 @@ def first_layer_terms(model, idx: Tensor) -> tuple[dict[str, Tensor], Tensor | N
 
     model: a LanguageModel with an additive PE (``input_stack``, ``blocks`` as in
     model/transformer.py). x = s * e + p enters block 0 (s the embedding scale); with
-    pre-LN the attention reads LN(x); with post-LN it reads x. Also returns the (T, T)
-    mask of keys a query may see (None when not causal). Memory: 7 B n_heads T^2 float64
+    pre-LN the attention reads LN(x); with post-LN it reads x. The attention's variants
+    (qk_norm, logn_scaling) are split as the module docstring says: the terms sum to its
+    logits. Also returns the (T, T) mask of keys a query may see (causal, a window's band;
+    None when every query sees every key). Memory: 7 B n_heads T^2 float64
     (4 blocks at T 1024, 12 heads: 2.8 GB); first_layer_attention_split needs none of it.
     """
     args, kwargs = _first_layer_inputs(model, idx)
-    return sequence_terms(*args, **kwargs), _causal_mask(model, idx.shape[1])
+    return sequence_terms(*args, **kwargs), _visible_keys(model, idx.shape[1])
 
 
 def first_layer_attention_split(model, idx: Tensor, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
@@ -284,4 +363,4 @@ def first_layer_attention_split(model, idx: Tensor, dtype: torch.dtype = torch.f
     rounding in float64.
     """
     args, kwargs = _first_layer_inputs(model, idx)
-    return split_shares(*args, **kwargs, mask=_causal_mask(model, idx.shape[1], idx.device), dtype=dtype)
+    return split_shares(*args, **kwargs, mask=_visible_keys(model, idx.shape[1], idx.device), dtype=dtype)
