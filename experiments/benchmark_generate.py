@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import torch
@@ -33,11 +34,13 @@ ATTENTION_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "attention").glob("*.ya
 PE_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "pe").glob("*.yaml"))
 
 
-def build_decoder(pe: str, attention: str) -> torch.nn.Module:
-    """The default decoder with ``pe=<pe> attention=<attention>``, composed and built as ``train.py`` does."""
+def build_decoder(pe: str, attention: str, overrides: Sequence[str] = ()) -> torch.nn.Module:
+    """The default decoder with ``pe=<pe> attention=<attention>`` and any further ``overrides`` (``model.d_model=256``,
+    ``attention.n_kv_heads=2``), composed and built as ``train.py`` does, seeded with 0."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["model=decoder", f"pe={pe}", f"attention={attention}", "data=shakespeare"])
+        cfg = compose(config_name="train",
+                      overrides=["model=decoder", f"pe={pe}", f"attention={attention}", "data=shakespeare", *overrides])
     torch.manual_seed(0)
     vocabulary = SimpleNamespace(vocab_size=int(cfg.data.vocab_size), mask_token_id=None)  # no data needs building
     return build_model(cfg, vocabulary).eval()
