@@ -178,10 +178,13 @@ def summarise(results: list[dict], multipliers: list[int]) -> dict[str, dict]:
                 continue
             losses = [e["loss"] for e in entries]
             ratios = [e.get("ratio", 1.0) for e in entries]
+            # perplexity at m x over perplexity at 1x, the published figures' unit: exp(loss_m - loss_1), same targets
+            ppl = [math.exp(e["loss"] - r["lengths"][str(multipliers[0])]["loss"]) for e, r in zip(entries, runs)]
             cells[str(m)] = {
                 "loss_mean": mean(losses), "loss_sd": stdev(losses) if len(losses) > 1 else 0.0,
                 "loss_min": min(losses), "loss_max": max(losses),
                 "ratio_mean": mean(ratios), "ratio_sd": stdev(ratios) if len(ratios) > 1 else 0.0,
+                "ppl_ratio_mean": mean(ppl), "ppl_ratio_sd": stdev(ppl) if len(ppl) > 1 else 0.0,
                 "max_rel_se": max(e["rel_se"] for e in entries),
             }
         summary[family] = {"seeds": sorted(r["seed"] for r in runs), "lengths": cells,
@@ -211,8 +214,9 @@ def summarise_attention(reports: list[dict]) -> dict | None:
 
 def markdown_table(summary: dict[str, dict], multipliers: list[int]) -> str:
     longer = [m for m in multipliers if m > 1]
-    head = "| family | seeds | loss at 1x | " + " | ".join(f"{m}x / 1x" for m in longer) + " | published ppl ratio (2x/4x/8x/16x) |"
-    lines = [head, "|" + "---|" * (4 + len(longer))]
+    head = ("| family | seeds | loss at 1x | " + " | ".join(f"{m}x / 1x" for m in longer)
+            + f" | ppl ratio, ours ({'/'.join(f'{m}x' for m in longer)}) | published ppl ratio (2x/4x/8x/16x) |")
+    lines = [head, "|" + "---|" * (5 + len(longer))]
     order = sorted(summary, key=lambda f: _sort_key(summary[f], multipliers))
     for family in order:
         cells = summary[family]["lengths"]
@@ -221,6 +225,7 @@ def markdown_table(summary: dict[str, dict], multipliers: list[int]) -> str:
         for m in longer:
             c = cells[str(m)]
             row.append("n/a (past the table)" if "na" in c else f"{c['ratio_mean']:.3f} ± {c['ratio_sd']:.3f}")
+        row.append(" / ".join("n/a" if "na" in cells[str(m)] else _ppl(cells[str(m)]["ppl_ratio_mean"]) for m in longer))
         published = PUBLISHED_PPL_RATIO.get(family)
         row.append(" / ".join("–" if p is None else f"{p}" for p in published) if published else "")
         lines.append("| " + " | ".join(row) + " |")
@@ -280,6 +285,10 @@ def plot_attention(summary: dict[str, dict], multiplier: int, path: Path) -> Non
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def _ppl(value: float) -> str:
+    return f"{value:.3g}" if value < 1000 else f"{value:.2e}"
 
 
 def _sort_key(entry: dict, multipliers: list[int]) -> tuple:
