@@ -368,7 +368,9 @@ def main(argv: list[str] | None = None) -> dict:
     protocol = (f"{first['objective']} runs; the same {first['target_len']} target tokens per window at every length, "
                 f"{first['n_windows']} windows (one every {first['window_stride']} validation tokens), "
                 "mean +- sd over seeds; ratio = loss / loss at 1x on the same targets")
-    payload = {"protocol": protocol, "multipliers": args.multipliers, "summary": summary, "runs": results,
+    # runs named by sweep folder and run folder, not by this machine's absolute paths (the results are committed)
+    runs = [r | {"run": "/".join(Path(r["run"]).parts[-2:])} for r in results]
+    payload = {"protocol": protocol, "multipliers": args.multipliers, "summary": summary, "runs": runs,
                "machine": f"{platform.machine()}, torch {torch.__version__}", "seconds": round(time.perf_counter() - start)}
     (args.out / "extrapolation.json").write_text(json.dumps(payload, indent=1))
     table = markdown_table(summary, args.multipliers)
@@ -376,7 +378,10 @@ def main(argv: list[str] | None = None) -> dict:
     common = common_multiplier(summary, args.multipliers)
     attention = attention_table(summary, common)
     (args.out / "extrapolation.md").write_text(
-        f"# Length extrapolation\n\n{protocol}.\n\nLargest standard error of a run's loss (over windows): "
+        f"# Length extrapolation\n\n{protocol}.\n\n{len(runs)} scored entries from the sweep folders "
+        f"{', '.join(sorted({r['run'].split('/')[0] for r in runs}))} (`python experiments/extrapolation.py <folders> "
+        f"--out <here>`; each run's loss, standard error and ratio at every length in extrapolation.json).\n\n"
+        "Largest standard error of a run's loss (over windows): "
         f"{100 * worst:.2f} % of the loss.\n\n{table}\n\n![loss vs length](extrapolation.png)\n\n"
         f"## Where position enters the attention\n\n{ATTENTION_NOTE.format(blocks=ATTENTION_BLOCKS)}\n\n{attention}\n\n"
         "![position in the attention vs extrapolation](position_attention.png)\n")
