@@ -28,4 +28,8 @@ def test_the_kv_cache_benchmark_quick_mode_measures_the_cache_each_arm_keeps():
         assert int(formula.replace(",", "")) == 2 * 2 * int(kv) * 16 * 4
         assert float(memory) == pytest.approx(int(kv) / 4, abs=1e-3) and int(tokens_per_s) > 0
     assert "timed generations gave generate's tokens" in out
-    assert len(re.findall(r"^\| (MHA|GQA|MQA) \| \d \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out, re.MULTILINE)) == 3, out
+    profile = re.findall(r"^\| (MHA|GQA|MQA) \| (\d) \| (buffer|torch.cat) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", out, re.MULTILINE)
+    assert profile == [("MHA", "4", "buffer"), ("GQA", "2", "buffer"), ("MQA", "1", "buffer"), ("MHA", "4", "torch.cat")], out
+    # the baseline cache ran in the same rounds and gave the same tokens; its ratio is printed
+    assert re.search(r"^\| torch.cat \(baseline\) \| \d+ \(", out, re.MULTILINE), out
+    assert re.search(r"^buffer / torch.cat: [\d.]+× wall, [\d.]+× CPU", out, re.MULTILINE), out

@@ -69,6 +69,41 @@ def test_cache_keeps_keys_already_rotated_and_encoder_output_once():
     assert cache.get(model.decoder.blocks[0].cross_attn)[0].shape == (1, 4, 3, 8)  # the 3 source tokens
 
 
+@pytest.mark.parametrize("capacity", [None, 1, 6, 40])
+@pytest.mark.parametrize("keep", [None, 1, 3])
+def test_cache_buffer_holds_what_concatenation_would(capacity, keep):
+    """Appends of 1-5 tokens into a buffer that starts too small, grows, or has room for all: each call returns the
+    earlier keys (at most ``keep``) followed by the new ones, exactly as torch.cat of the whole history would; views
+    handed out earlier are not overwritten by later appends."""
+    layer, cache, rng = torch.nn.Identity(), KVCache(capacity), torch.Generator().manual_seed(0)
+    history_k, history_v, handed = torch.zeros(2, 3, 0, 4), torch.zeros(2, 3, 0, 4), []
+    for T in [5, 1, 1, 2, 1, 4, 1, 1, 3, 1, 1, 1]:
+        k, v = torch.randn(2, 3, T, 4, generator=rng), torch.randn(2, 3, T, 4, generator=rng)
+        history_k, history_v = torch.cat((history_k, k), dim=2), torch.cat((history_v, v), dim=2)
+        seen_k, seen_v = cache.append(layer, k, v, keep)
+        assert torch.equal(seen_k, history_k) and torch.equal(seen_v, history_v)
+        handed.append((seen_k, seen_k.clone()))
+        if keep is not None:  # the window: what the next call sees of the past
+            history_k, history_v = history_k[:, :, -keep:], history_v[:, :, -keep:]
+        assert torch.equal(cache.get(layer)[0], history_k) and torch.equal(cache.get(layer)[1], history_v)
+    assert all(torch.equal(view, copy) for view, copy in handed)
+
+
+def test_generate_sizes_the_cache_once(monkeypatch):
+    """generate knows the text's final length: each layer's buffer is allocated once, at prompt + new tokens - 1."""
+    model = live(build(DecoderLM, "rope", SDPAttention)).eval()
+    sizes, original = [], KVCache.append
+
+    def spy(self, layer, k, v, keep=None):
+        seen = original(self, layer, k, v, keep)
+        sizes.append(self._buffers[layer][0].shape[2])
+        return seen
+
+    monkeypatch.setattr(KVCache, "append", spy)
+    generate(model, torch.ones(1, 3, dtype=torch.long), max_new_tokens=6, temperature=0)
+    assert set(sizes) == {3 + 6 - 1}
+
+
 @pytest.mark.parametrize("pe", PE_TYPES)
 @pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
 def test_greedy_text_is_the_same_with_and_without_the_cache(model_cls, pe):

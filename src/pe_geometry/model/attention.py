@@ -51,18 +51,55 @@ class KVCache:
     keys and values on the first call and reuse them. ``length`` is the number of tokens read so far,
     which is also the absolute position of the next one (whatever a window dropped); the model
     advances it after each call.
+
+    Each self-attention layer writes into a preallocated buffer (``capacity`` tokens, e.g. prompt + new tokens
+    when a generation knows its length; doubled when a call outgrows it), so a step copies only its new keys
+    instead of the whole cache, as ``torch.cat`` would. A window's keys move to the front of a new buffer when the
+    buffer's end is reached (a new one, so views handed out earlier stay valid). ``get`` returns views of the live
+    keys and values.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
         self.length = 0
+        self.capacity = capacity
         self.context: Tensor | None = None  # the encoder output, for an encoder-decoder
-        self._layers: dict[nn.Module, tuple[Tensor, Tensor]] = {}
+        self._layers: dict[nn.Module, tuple[Tensor, Tensor]] = {}  # cross-attention: the context's k, v
+        self._buffers: dict[nn.Module, list] = {}  # self-attention: [k buffer, v buffer, first live, end]
 
     def get(self, layer: nn.Module) -> tuple[Tensor, Tensor] | None:
+        """The layer's cached (k, v): views (B, n_kv_heads, held, d_head), or None before its first call."""
+        if layer in self._buffers:
+            k, v, first, end = self._buffers[layer]
+            return k[:, :, first:end], v[:, :, first:end]
         return self._layers.get(layer)
 
     def put(self, layer: nn.Module, k: Tensor, v: Tensor) -> None:
+        """Keep (k, v) as they are (a cross-attention's context keys)."""
         self._layers[layer] = (k, v)
+
+    def append(self, layer: nn.Module, k: Tensor, v: Tensor, keep: int | None = None) -> tuple[Tensor, Tensor]:
+        """Add the new tokens' (k, v) (B, n_kv_heads, T, d_head) after the layer's cached ones; returns views of
+        all of them (what this call's queries attend to), then keeps only the last ``keep`` for the next call."""
+        T = k.shape[2]
+        if layer not in self._buffers:
+            size = max(T, self.capacity or 0)
+            empty = k.new_empty(*k.shape[:2], size, k.shape[3]), v.new_empty(*v.shape[:2], size, v.shape[3])
+            self._buffers[layer] = [*empty, 0, 0]
+        entry = self._buffers[layer]
+        k_buf, v_buf, first, end = entry
+        held = end - first
+        if end + T > k_buf.shape[2]:  # no room after the live keys: move them to the front of a new buffer, with
+            size = max(k_buf.shape[2], 2 * (held + T))  # room for as many again (a window moves once per window)
+            new_k = k_buf.new_empty(*k_buf.shape[:2], size, k_buf.shape[3])
+            new_v = v_buf.new_empty(*v_buf.shape[:2], size, v_buf.shape[3])
+            new_k[:, :, :held], new_v[:, :, :held] = k_buf[:, :, first:end], v_buf[:, :, first:end]
+            k_buf, v_buf, first, end = new_k, new_v, 0, held
+        k_buf[:, :, end : end + T], v_buf[:, :, end : end + T] = k, v
+        end += T
+        seen = k_buf[:, :, first:end], v_buf[:, :, first:end]
+        first = end - min(end - first, keep if keep is not None else end)
+        entry[:] = [k_buf, v_buf, first, end]
+        return seen
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
@@ -268,9 +305,9 @@ class MultiHeadAttention(nn.Module):
         """x (B, T, D) -> (B, T, D). With ``cache``, x holds only the tokens after ``cache.length``."""
         B, T, C = x.shape
         q = self._queries(x)  # (B, H, T, dh)
-        past = cache.get(self) if cache is not None else None
         bias, window = None, None
         if context is not None:  # cross-attention: the context's keys and values never change
+            past = cache.get(self) if cache is not None else None
             k, v = past if past is not None else self._keys_values(context)
             if cache is not None:
                 cache.put(self, k, v)
@@ -278,9 +315,10 @@ class MultiHeadAttention(nn.Module):
             start = cache.length if cache is not None else 0
             k, v = self._keys_values(x)  # (B, Hkv, T, dh)
             q, k = self.pe.rotate_qk(q, k, start)
-            if past is not None:
-                k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)  # (B, Hkv, S, dh)
-            S, window = k.shape[2], self.window
+            window = self.window
+            if cache is not None:  # the cached keys and these, (B, Hkv, S, dh); the next query sees its own and window - 1
+                k, v = cache.append(self, k, v, keep=None if window is None else window - 1)
+            S = k.shape[2]
             first = start + T - S  # the first key's position: > 0 once a window has dropped the oldest keys
             bias = self.pe.score_bias(T, start + T, start)  # (H, T, start + T) or None
             if bias is not None and first:
@@ -288,9 +326,6 @@ class MultiHeadAttention(nn.Module):
             contextual = self._contextual_bias(q, k, start, causal)  # (B, H, T, S) or None: CoPE
             if contextual is not None:
                 bias = contextual if bias is None else bias + contextual
-            if cache is not None:
-                keep = S if window is None else min(S, window - 1)  # the next query sees its own key and these
-                cache.put(self, k[:, :, S - keep :], v[:, :, S - keep :])
             factor = self._logn_factor(T, start, causal, x.device)
             if factor is not None:  # the whole logit, q.k / sqrt(d_head) + bias, times the query's factor
                 q = q * factor.to(q.dtype)
@@ -369,9 +404,12 @@ class ExplicitAttention(MultiHeadAttention):
 class SDPAttention(MultiHeadAttention):
     """The fast path: torch's fused ``scaled_dot_product_attention``.
 
-    Grouped keys and values go in as they are (``enable_gqa``) where no mask is passed (flash's causal layout
-    included); with a mask they are repeated per query head first, because with ``enable_gqa`` and a mask SDPA
-    falls back to its math kernel (the (B, H, T, S) scores in float32) instead of the memory-efficient one.
+    Grouped keys and values are never copied per query head where no mask is needed (a decoding step's single
+    query, or a bidirectional pass without a window): each key/value head's group of query heads is folded into
+    its query axis, (B, H, T, dh) -> (B, n_kv_heads, groups x T, dh), which is plain attention over the shared
+    keys (a bias folds the same way). The causal full pass hands the shared heads to flash as they are
+    (``enable_gqa``). With a mask they are repeated per query head first, because with ``enable_gqa`` and a mask
+    SDPA falls back to its math kernel (the (B, H, T, S) scores in float32) instead of the memory-efficient one.
     """
 
     def attend(
@@ -380,15 +418,28 @@ class SDPAttention(MultiHeadAttention):
         dropout = self.dropout if self.training else 0.0
         T, S = q.shape[-2], k.shape[-2]
         grouped = self.n_groups > 1
-        if bias is None and (window is None or window >= max(T, S)):  # no mask to build (flash can run)
-            if not causal or T == 1:  # a single query is the newest position: it sees every key
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, enable_gqa=grouped)
-            if T == S:  # is_causal aligns the mask top-left, which is bottom-right only when T == S
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=grouped)
+        if bias is None and causal and T == S > 1 and (window is None or window >= T):
+            # is_causal aligns the mask top-left, which is bottom-right only when T == S (no cache)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=grouped)
         mask = attention_mask(T, S, causal, window, q.device)
+        if mask is None:  # every query sees every key: a decoding step, or bidirectional without a window
+            if grouped:
+                return self._folded(q, k, v, bias, dropout)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=None if bias is None else bias.to(q.dtype), dropout_p=dropout)
         k, v = self._per_query_head(k, dim=1), self._per_query_head(v, dim=1)
         if bias is None:  # a cached chunk (the mask aligned bottom-right) or a window
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        if mask is not None:  # SDPA takes one mask: fold the causal/window mask into the additive bias
-            bias = bias.masked_fill(~mask, float("-inf"))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
+        # SDPA takes one mask: fold the causal/window mask into the additive bias
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias.masked_fill(~mask, float("-inf")).to(q.dtype), dropout_p=dropout)
+
+    def _folded(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float) -> Tensor:
+        """Unmasked grouped attention without copying k and v: query head h = kv head * groups + g, so the heads of
+        one group are consecutive and fold into the query axis; q (B, H, T, dh) -> (B, n_kv_heads, groups x T, dh)."""
+        B, H, T, dh = q.shape
+        folded = q.reshape(B, self.n_kv_heads, self.n_groups * T, dh)
+        if bias is not None:  # (H or B x H, T, S) -> (n_kv_heads or B x n_kv_heads, groups x T, S)
+            bias = bias.reshape(*bias.shape[:-3], self.n_kv_heads, self.n_groups * T, bias.shape[-1]).to(q.dtype)
+        y = F.scaled_dot_product_attention(folded, k, v, attn_mask=bias, dropout_p=dropout)
+        return y.view(B, H, T, dh)

@@ -119,10 +119,14 @@ class Decoding:
     The encoder-decoder reads all prompt tokens but the last with its encoder (its last ``source_window`` of
     them) and starts decoding from the last one, as in training (the decoder's first input is the token right
     after the source); it needs a prompt of at least 2 tokens.
+
+    ``max_new_tokens``, when the caller knows it, sizes the cache's buffers once: the decoder reads at most
+    ``longest`` = its tokens + max_new_tokens - 1 tokens (the last new token is never read back), or the window.
     """
 
     def __init__(
-        self, model: DecoderLM | EncoderDecoder, prompt: Tensor, context: int | None = None, use_cache: bool = True
+        self, model: DecoderLM | EncoderDecoder, prompt: Tensor, context: int | None = None, use_cache: bool = True,
+        max_new_tokens: int | None = None,
     ) -> None:
         source_window, self.window = context_windows(model, context)
         if isinstance(model, EncoderDecoder):
@@ -138,7 +142,9 @@ class Decoding:
         else:
             raise TypeError(f"generation needs a DecoderLM or EncoderDecoder, got {type(model).__name__}; use fill_masks for an encoder")
         self.stack = model.decoder
-        self.cache = KVCache() if use_cache else None
+        self.longest = None if max_new_tokens is None else self.tokens.shape[1] + max_new_tokens - 1
+        self._capacity = self.longest if self.window is None or self.longest is None else min(self.longest, self.window)
+        self.cache = KVCache(self._capacity) if use_cache else None
         self._cache_start = 0  # where in ``tokens`` the cached tokens start
 
     @property
@@ -156,7 +162,7 @@ class Decoding:
         # an encoding that places every token anew as the text grows (RoPE with dynamic_ntk past the training length)
         # makes the cached keys stale: re-encode, as an uncached step does
         if slid or not self.stack.pe.cache_stays_exact(self.tokens.shape[1] - start):
-            context, self.cache = self.cache.context, KVCache()
+            context, self.cache = self.cache.context, KVCache(self._capacity)
             self.cache.context = context  # an encoder-decoder's encoder output does not depend on the window
             self._cache_start = start
         unread = self.tokens[:, self._cache_start + self.cache.length :]
@@ -189,9 +195,9 @@ def generate(
     tokens (the last ones; see ``Decoding``), so a text of any length stays in the range the model knows.
     None reads the whole text (a length-extrapolation test; a learned table stops at its size).
     """
-    decoding = Decoding(model, prompt, context, use_cache)
-    longest = decoding.tokens.shape[1] + max_new_tokens - 1  # the last new token is never read back
+    decoding = Decoding(model, prompt, context, use_cache, max_new_tokens)
     # fail before the first step, not after minutes
+    longest = decoding.longest
     check_length(model.decoder, longest if decoding.window is None else min(longest, decoding.window))
     for _ in range(max_new_tokens):
         decoding.append(next_token(decoding.logits(), temperature, top_k, top_p, generator)[:, None])
@@ -205,7 +211,7 @@ def token_nll(model: DecoderLM, tokens: Tensor, context: int | None = None, use_
     The model scores a text the way ``generate`` reads it (the same ``Decoding``), so the loss of a sample past
     the training length is measured with the windows it was written with.
     """
-    decoding = Decoding(model, tokens[:, :1], context, use_cache)
+    decoding = Decoding(model, tokens[:, :1], context, use_cache, max_new_tokens=tokens.shape[1] - 1)
     losses = []
     for t in range(1, tokens.shape[1]):
         log_probs = decoding.logits().float().log_softmax(dim=-1)
