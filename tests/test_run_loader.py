@@ -133,6 +133,37 @@ def test_a_resume_checkpoint_reads_through_the_loader_and_keeps_its_messages(tmp
         read_checkpoint("last", tmp_path)
 
 
+def test_ckpt_path_auto_resumes_a_run_folder_that_has_one_and_starts_one_that_has_none(tmp_path):
+    """``auto`` is how a stopped sweep continues: each job's folder either holds its last.ckpt or nothing yet. A new
+    run (ckpt_path null) into a folder holding a run is refused instead of overwriting its checkpoints."""
+    from pe_geometry.training.pipeline import read_checkpoint
+    from pe_geometry.training.validate import ConfigError
+
+    assert read_checkpoint("auto", tmp_path) == (None, tmp_path, None, None)  # nothing there: a new run
+    (tmp_path / "checkpoints").mkdir()
+    state = {"global_step": 7, "state_dict": {}, "optimizer_states": [{}]}
+    torch.save(state, tmp_path / "checkpoints" / "last.ckpt")
+    path, run_dir, step, read = read_checkpoint("auto", tmp_path)
+    assert (path, run_dir, step, read["global_step"]) == (tmp_path / "checkpoints" / "last.ckpt", tmp_path, 7, 7)
+    with pytest.raises(ConfigError, match=r"already holds a run \(checkpoints/last.ckpt\).*ckpt_path=last.*ckpt_path=auto"):
+        read_checkpoint(None, tmp_path)
+
+
+def test_a_new_single_run_into_a_run_folder_is_refused_before_hydra_writes_there(tmp_path):
+    """``hydra.run.dir=<run>`` without ckpt_path: Hydra would overwrite the run's .hydra/ before any check, so the
+    command line is checked first; a resume, a sweep or an empty folder pass."""
+    from pe_geometry.training.run_folder import overwrites_a_run
+
+    assert overwrites_a_run([f"hydra.run.dir={tmp_path}"]) is None
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    message = overwrites_a_run(["pe=rope", f"hydra.run.dir={tmp_path}"])
+    assert message is not None and message.startswith(f"hydra.run.dir={tmp_path} already holds a run") and "ckpt_path=last" in message
+    assert overwrites_a_run([f"hydra.run.dir={tmp_path}", "ckpt_path=last"]) is None
+    assert overwrites_a_run([f"hydra.run.dir={tmp_path}", "ckpt_path=auto"]) is None
+    assert overwrites_a_run(["-m", f"hydra.run.dir={tmp_path}"]) is None
+
+
 # -- one prompt for generate.py and the end-of-training sample ---------------------------------------
 def generate_options(ckpt: Path, prompt: str, max_new_tokens: int):
     cfg = OmegaConf.load(CONFIG_DIR / "generate.yaml")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -249,3 +250,60 @@ def test_failed_and_killed_submitit_jobs_are_listed_and_the_sweep_exits_1(tmp_pa
     assert re.match(r"job 0 \(.*trainer.max_steps=5000.*\): submitit job \S+ ended without a result", lines[0])
     assert re.match(r"job 2 \(.*trainer.max_steps=0.*\): ConfigError: trainer.max_steps=0 ", lines[1])
     assert last_step(sweep_dir / "1_decoder-sinusoidal-s0_trainer.max_steps-3") == 3
+
+
+# -- continuing a stopped sweep ------------------------------------------------------------------------------
+def final_values(run: Path) -> dict[str, float]:
+    """Each column's last value in the run's joined CSV log (segments of resumes included), throughput aside."""
+    from pe_geometry.analysis.runs import read_run_rows
+
+    values: dict[str, float] = {}
+    for row in read_run_rows(run):
+        values.update({k: float(v) for k, v in row.items() if v not in ("", None) and k.startswith(("train/loss", "val/", "lr"))})
+    return values
+
+
+@pytest.mark.slow  # runs train.py -m three times in subprocesses
+def test_a_stopped_sweep_continues_with_ckpt_path_auto_and_a_plain_rerun_overwrites_nothing(tmp_path, tiny_corpus, cache_dir):
+    """A sweep stopped part-way: job 0 had reached step 2 of 4 (its last.ckpt), job 1 never started. Before, the same
+    command with its ``hydra.sweep.dir`` started every job again from step 0 over the old checkpoints. Now the plain
+    rerun is refused job by job (nothing of job 0 changes), and ``ckpt_path=auto`` resumes job 0 from step 2 and
+    starts job 1: both end as the uninterrupted sweep did."""
+    sweep_dir = tmp_path / "sweep"
+    cmd = sweep_command(tiny_corpus, cache_dir, sweep_dir, "seed=0,1", "trainer.max_steps=4", "trainer.val_check_interval=2")
+    done = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = sorted(sweep_dir.glob("[01]_*"))
+    assert len(jobs) == 2
+    expected = [final_values(job) for job in jobs]
+    job0, job1 = jobs
+
+    # stop it part-way, as kill -9 after job 0's step-2 checkpoint would (the CSV rows after it are replaced by the
+    # resume's): job 0's last.ckpt at step 2, job 1 never started
+    (job0 / "checkpoints" / "step000004.ckpt").unlink()
+    (job0 / "checkpoints" / "step000002.ckpt").replace(job0 / "checkpoints" / "last.ckpt")
+    shutil.rmtree(job1)
+    before = {p: p.read_bytes() for p in (job0 / "checkpoints" / "last.ckpt", job0 / "csv" / "metrics.csv")}
+
+    refused = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    (line,) = listed(refused.stderr)
+    assert re.match(r"job 0 \(.*\): ConfigError: .*0_decoder-sinusoidal-s0 already holds a run .*ckpt_path=auto", line), line
+    assert all(p.read_bytes() == data for p, data in before.items())  # the stopped job is untouched
+    shutil.rmtree(job1)  # the refused rerun ran job 1 (it had no run to overwrite): take it away again
+
+    continued = subprocess.run([*cmd, "ckpt_path=auto"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    assert (job0 / "csv" / "resume-step2" / "metrics.csv").is_file()  # job 0 resumed from step 2, job 1 started anew
+    assert not (job1 / "csv" / "resume-step0").exists()
+    assert last_step(job0) == last_step(job1) == 4
+    for job, values in zip(jobs, expected, strict=True):
+        got = final_values(job)
+        assert got.keys() == values.keys() and all(got[k] == pytest.approx(values[k], rel=1e-6) for k in values), (job, got, values)
+
+    # once more on the finished sweep: nothing to train, and every job's rows stay as they are
+    again = subprocess.run([*cmd, "ckpt_path=auto"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [final_values(job) for job in jobs] == [final_values(job) for job in jobs] and all(
+        final_values(job) == pytest.approx(values, rel=1e-6) for job, values in zip(jobs, expected, strict=True))
+    assert last_step(job0) == last_step(job1) == 4

@@ -132,11 +132,11 @@ def unusable_run_dir(argv: list[str]) -> str | None:
 def run() -> None:
     """The console script ``pe-train`` (and ``python train.py`` in a checkout)."""
     from pe_geometry.extras import missing_extra_for
+    from pe_geometry.training.run_folder import overwrites_a_run, stage_resume
 
-    if problem := unusable_run_dir(sys.argv[1:]) or missing_extra_for(sys.argv[1:]):
+    if problem := unusable_run_dir(sys.argv[1:]) or missing_extra_for(sys.argv[1:]) or overwrites_a_run(sys.argv[1:]):
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
-    from pe_geometry.training.run_folder import stage_resume
 
     sys.argv[1:] = stage_resume(sys.argv[1:])  # a resume writes nothing until its checks pass, then logs into its run
     main()  # a sweep with failed jobs lists them and exits 1 (training/sweep.py's SweepReport, a Hydra callback)

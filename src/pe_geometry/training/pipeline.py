@@ -73,14 +73,24 @@ def resolve_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | 
 def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | None, Path, int | None, dict | None]:
     """Where to resume from, which run directory to continue, and at which step.
 
-    ``ckpt_path=last`` means this run directory's ``checkpoints/last.ckpt``. A
+    ``ckpt_path=last`` means this run directory's ``checkpoints/last.ckpt``; ``ckpt_path=auto`` the same when it
+    exists, else a new run (what continues a stopped sweep: every job resumes, or starts if it never had). A
     checkpoint inside ``<run>/checkpoints/`` continues that run's directory, so its
     CSV series and later checkpoints stay in one place. The file is read once here,
     so a truncated or foreign file is one clear error instead of a traceback mid-setup.
+    A new run (``ckpt_path=null``) into a directory that already holds a run's ``last.ckpt`` is refused: it would
+    overwrite that run's checkpoints and logs (a sweep started again with its ``hydra.sweep.dir``).
     """
+    last = output_dir / "checkpoints" / "last.ckpt"
+    if str(ckpt_path) == "auto":
+        ckpt_path = "last" if last.is_file() else None
     if ckpt_path is None:
+        if last.is_file():
+            raise ConfigError(f"{output_dir} already holds a run (checkpoints/last.ckpt): a new run there would overwrite "
+                              "it; continue it with ckpt_path=last (a sweep: ckpt_path=auto, which also starts the jobs "
+                              "that never ran), or give the new run another folder")
         return None, output_dir, None, None
-    path = output_dir / "checkpoints" / "last.ckpt" if str(ckpt_path) == "last" else Path(to_absolute_path(str(ckpt_path))).expanduser()
+    path = last if str(ckpt_path) == "last" else Path(to_absolute_path(str(ckpt_path))).expanduser()
     if not path.is_file():
         raise ConfigError(f"ckpt_path={ckpt_path}: no checkpoint file at {path}")
     state = read_checkpoint_file(path, required=("global_step", "state_dict", "optimizer_states"))  # what a resume restores

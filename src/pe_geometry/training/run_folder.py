@@ -34,6 +34,21 @@ def _value(argv: list[str], key: str) -> str | None:
     return found
 
 
+def overwrites_a_run(argv: list[str]) -> str | None:
+    """A new single run (no ``ckpt_path``) given ``hydra.run.dir=<a run's folder>`` would have Hydra overwrite that
+    run's ``.hydra/`` before any check: the error line, said before Hydra starts; else None. (``train`` refuses the
+    same inside a sweep job, where the folder is Hydra's to name.)"""
+    if "-m" in argv or "--multirun" in argv or _value(argv, "ckpt_path") not in (None, "", "null", "None"):
+        return None
+    run_dir = _value(argv, "hydra.run.dir")
+    if run_dir is None or "${" in run_dir or any(arg.partition("=")[0] in ("-h", "--help", "-c", "--cfg") for arg in argv):
+        return None
+    if (Path(run_dir).expanduser() / "checkpoints" / "last.ckpt").is_file():
+        return (f"hydra.run.dir={run_dir} already holds a run (checkpoints/last.ckpt): a new run there would overwrite it; "
+                "continue it with ckpt_path=last, or give the new run another folder")
+    return None
+
+
 def stage_resume(argv: list[str]) -> list[str]:
     """``argv`` with ``hydra.run.dir`` pointed at a fresh staging folder when it resumes a single run; else as given."""
     global _staging

@@ -301,7 +301,7 @@ class TopLevelSettings(Settings):
     seed: int = what(f"an integer in [0, {MAX_SEED}]", 0, ge=0, le=MAX_SEED)
     compile: bool = what("true or false (torch.compile the model)", False, strict=True)
     matmul_precision: Literal["highest", "high", "medium"] = what("one of ['highest', 'high', 'medium']", "highest")
-    ckpt_path: str | None = what("a checkpoint path, 'last', or null", None)
+    ckpt_path: str | None = what("a checkpoint path, 'last', 'auto' (last.ckpt if the run folder has one), or null", None)
     run_name: str = what("a string", "")
     model: Any = None
     pe: Any = None
