@@ -99,7 +99,7 @@ def is_scaled(family: str) -> bool:
 
 
 def score_runs(folders: list[Path], multipliers: list[int], target_len: int | None, scalings: list[str],
-               cache: Path | None = None) -> list[dict]:
+               cache: Path | None = None, mask_draws: int = 1) -> list[dict]:
     """Every run's scores (one entry per label: the run, and a RoPE run once per scaling). With ``cache`` (a
     folder), a run's entries are kept there and reused while its checkpoint step and the protocol are the same,
     so a sweep can be scored as its runs finish and the final call only scores what is new."""
@@ -109,22 +109,24 @@ def score_runs(folders: list[Path], multipliers: list[int], target_len: int | No
     for run_dir in run_dirs(folders):
         cached = cache / f"{run_dir.parent.name}--{run_dir.name}.json" if cache is not None else None
         run = load_trained_run(run_dir, datamodules=datamodules)
+        masked = run.model.objective == "masked-lm"
+        run_protocol = protocol | ({"mask_draws": mask_draws} if masked else {})  # a decoder's scores do not depend on it
         if cached is not None and cached.is_file():
             kept = json.loads(cached.read_text())
-            if kept["protocol"] == protocol and kept["run"] == str(run_dir) and kept["step"] == run.step:
+            if kept["protocol"] == run_protocol and kept["run"] == str(run_dir) and kept["step"] == run.step:
                 results += kept["entries"]
                 print(f"{run_dir.name}: scored before (step {run.step})", flush=True)
                 continue
-        entries = score_run(run_dir, run, datamodules, multipliers, target_len, scalings)
+        entries = score_run(run_dir, run, datamodules, multipliers, target_len, scalings, mask_draws)
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            cached.write_text(json.dumps({"protocol": protocol, "run": str(run_dir), "step": run.step, "entries": entries}))
+            cached.write_text(json.dumps({"protocol": run_protocol, "run": str(run_dir), "step": run.step, "entries": entries}))
         results += entries
     return results
 
 
 def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], target_len: int | None,
-              scalings: list[str]) -> list[dict]:
+              scalings: list[str], mask_draws: int = 1) -> list[dict]:
     seq_len = int(run.config.data.seq_len)
     target_len = target_len or seq_len  # every target of the training window: the 1x loss is the training-length loss
     stream = run.datamodule.streams["validation"]
@@ -137,10 +139,11 @@ def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], tar
     for label in labels:
         start = time.perf_counter()
         if base is None:
-            scores = base = fixed_target_losses(run.model, stream, seq_len, multipliers, target_len)
+            scores = base = fixed_target_losses(run.model, stream, seq_len, multipliers, target_len, mask_draws=mask_draws)
         else:  # the RoPE run with an inference-time scaling, its factor set per length
             scaling = label.split("+", 1)[1]
-            scores = scaled_rope_losses(run_dir, scaling, datamodules, stream, seq_len, multipliers, target_len, base)
+            scores = scaled_rope_losses(run_dir, scaling, datamodules, stream, seq_len, multipliers, target_len, base,
+                                        mask_draws)
         scores = scores | {"run": str(run_dir), "family": label, "seed": int(run.config.get("seed", 0)), "step": run.step,
                            "seconds": round(time.perf_counter() - start, 1), "attention": attention}
         entries.append(scores)
@@ -150,7 +153,7 @@ def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], tar
 
 
 def scaled_rope_losses(run_dir: Path, scaling: str, datamodules: dict, stream, seq_len: int, multipliers: list[int],
-                       target_len: int | None, base: dict) -> dict:
+                       target_len: int | None, base: dict, mask_draws: int = 1) -> dict:
     """A RoPE run read with ``pe.scaling=<scaling>`` at factor = the multiplier, one length at a time.
 
     The 1x entry and every ratio's denominator are the unscaled run's (``base``), so the ratios compare
@@ -159,7 +162,7 @@ def scaled_rope_losses(run_dir: Path, scaling: str, datamodules: dict, stream, s
     merged = {k: v for k, v in base.items() if k != "lengths"} | {"lengths": {str(multipliers[0]): base["lengths"][str(multipliers[0])]}}
     for m in multipliers[1:]:
         scaled = load_trained_run(run_dir, datamodules=datamodules, pe_overrides={"scaling": scaling, "scaling_factor": float(m)})
-        scores = fixed_target_losses(scaled.model, stream, seq_len, [multipliers[0], m], target_len)
+        scores = fixed_target_losses(scaled.model, stream, seq_len, [multipliers[0], m], target_len, mask_draws=mask_draws)
         entry = scores["lengths"][str(m)]
         if entry["loss"] != NA:  # the ratio against the unscaled model's 1x loss, paired as fixed_target_losses pairs it
             entry["ratio"] = entry["loss"] / base["lengths"][str(multipliers[0])]["loss"]
@@ -356,16 +359,21 @@ def main(argv: list[str] | None = None) -> dict:
                         help="scored tokens per window (default seq_len: at 1x, every target of the training window)")
     parser.add_argument("--scalings", nargs="*", default=["linear", "ntk", "dynamic_ntk", "yarn"],
                         help="inference-time RoPE scalings to score the RoPE runs with (none: --scalings)")
+    parser.add_argument("--mask-draws", type=int, default=4,
+                        help="masked-LM runs: independent mask draws scored per window (1 leaves ~10 of 64 targets; "
+                             "4 brings the loss's standard error under 1 %%); decoders ignore it")
     parser.add_argument("--cache", type=Path, default=None,
                         help="folder keeping each run's scores: a rerun scores only new or retrained runs")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     start = time.perf_counter()
-    results = score_runs(args.folders, args.multipliers, args.target_len, args.scalings, cache=args.cache)
+    results = score_runs(args.folders, args.multipliers, args.target_len, args.scalings, cache=args.cache,
+                         mask_draws=args.mask_draws)
     summary = summarise(results, args.multipliers)
     args.out.mkdir(parents=True, exist_ok=True)
     first = results[0]
-    protocol = (f"{first['objective']} runs; the same {first['target_len']} target tokens per window at every length, "
+    masks = f" (the masked ones among them, {first['mask_draws']} mask draws per window)" if "mask_draws" in first else ""
+    protocol = (f"{first['objective']} runs; the same {first['target_len']} target tokens per window at every length{masks}, "
                 f"{first['n_windows']} windows (one every {first['window_stride']} validation tokens), "
                 "mean +- sd over seeds; ratio = loss / loss at 1x on the same targets")
     # runs named by sweep folder and run folder, not by this machine's absolute paths (the results are committed)

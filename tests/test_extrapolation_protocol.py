@@ -76,6 +76,23 @@ def test_a_context_blind_encoder_masks_and_scores_the_same_tokens_at_every_lengt
     assert four["loss"] == pytest.approx(one["loss"], abs=1e-6)
 
 
+def test_mask_draws_add_independent_draws_whose_first_is_the_single_draw():
+    """K draws score each window K times with masks from seeds mask_seed .. mask_seed + K - 1: the targets are the
+    sum of the single draws' targets, the loss their target-weighted mean (checked against K=1 runs with each seed)."""
+    torch.manual_seed(4)
+    model = EncoderMLM(vocab_size=VOCAB, mask_token_id=VOCAB - 1, d_model=16, n_heads=2, n_layers=2, pe=ALiBiPE).eval()
+    stream = _stream(2000, seed=4)
+    singles = [fixed_target_losses(model, stream, SEQ, multipliers=(1, 2), mask_seed=1234 + d)["lengths"]["2"] for d in range(3)]
+    three = fixed_target_losses(model, stream, SEQ, multipliers=(1, 2), mask_seed=1234, mask_draws=3)
+    entry = three["lengths"]["2"]
+    assert three["mask_draws"] == 3 and entry["n_targets"] == sum(e["n_targets"] for e in singles)
+    weighted = sum(e["loss"] * e["n_targets"] for e in singles) / entry["n_targets"]
+    assert entry["loss"] == pytest.approx(weighted, rel=1e-6)
+    assert len({e["n_targets"] for e in singles}) > 1  # the draws differ: not one draw counted three times
+    with pytest.raises(ValueError, match="mask_draws=0"):
+        fixed_target_losses(model, stream, SEQ, mask_draws=0)
+
+
 def test_bad_protocol_settings_are_refused_with_the_value():
     model = DecoderLM(vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=1, pe=ALiBiPE).eval()
     with pytest.raises(ValueError, match="target_len=9"):
