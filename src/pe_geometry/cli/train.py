@@ -100,16 +100,14 @@ def report_stop(cfg: DictConfig) -> int:
     return 128 + signum
 
 
-# Hydra flags that answer without running the job, so without making a run folder
-_ANSWERS_ONLY = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion"}
-
-
 def unusable_run_dir(argv: list[str]) -> str | None:
     """Hydra creates ``hydra.run.dir``/``hydra.sweep.dir`` before ``main`` runs and reports a failure
     as a traceback: check an explicitly given one first, so it is one line like any bad input."""
+    from pe_geometry.training.run_folder import answers_only
+
     sweep = "-m" in argv or "--multirun" in argv
     dir_key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
-    creates_run_dir = not any(arg.partition("=")[0] in _ANSWERS_ONLY for arg in argv)
+    creates_run_dir = not answers_only(argv)
     if creates_run_dir and not any(arg.partition("=")[0].lstrip("+") == dir_key for arg in argv):
         argv = [*argv, f"{dir_key}={'multirun' if sweep else 'outputs'}"]  # the default (configs/hydra/default.yaml), under the cwd
     for arg in argv:

@@ -23,6 +23,13 @@ from pathlib import Path
 
 _staging: Path | None = None  # this process's staging folder, when it stages a resume
 
+# Hydra flags that answer without running the job, so without making or touching a run folder
+ANSWERS_ONLY = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion"}
+
+
+def answers_only(argv: list[str]) -> bool:
+    return any(arg.partition("=")[0] in ANSWERS_ONLY for arg in argv)
+
 
 def _value(argv: list[str], key: str) -> str | None:
     """The last value given to ``key`` on the command line (Hydra: the last one wins)."""
@@ -41,7 +48,7 @@ def overwrites_a_run(argv: list[str]) -> str | None:
     if "-m" in argv or "--multirun" in argv or _value(argv, "ckpt_path") not in (None, "", "null", "None"):
         return None
     run_dir = _value(argv, "hydra.run.dir")
-    if run_dir is None or "${" in run_dir or any(arg.partition("=")[0] in ("-h", "--help", "-c", "--cfg") for arg in argv):
+    if run_dir is None or "${" in run_dir or answers_only(argv):
         return None
     if (Path(run_dir).expanduser() / "checkpoints" / "last.ckpt").is_file():
         return (f"hydra.run.dir={run_dir} already holds a run (checkpoints/last.ckpt): a new run there would overwrite it; "
@@ -57,7 +64,7 @@ def stage_resume(argv: list[str]) -> list[str]:
         return argv
     if any(arg.startswith("hydra.job.name=train_ddp_process_") for arg in argv):
         return argv  # a DDP rank Lightning started: it shares rank 0's folder
-    if any(arg.partition("=")[0] in ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc") for arg in argv):
+    if answers_only(argv):
         return argv  # answers without running
     extra = []
     if ckpt != "last" and Path(ckpt).expanduser().parent.name != "checkpoints":
