@@ -228,6 +228,9 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
     assert train.endswith(" hydra.sweep.dir=sweep") and "cache" not in train
     assert report == "pe-report sweep --out report --pretrained-json minilm.json --multipliers 1 2 40 --max-batches 2"
     assert summary["source"] == "sweep" and summary["runs"][0]["dir"] == "0_decoder-learned-s0"
+    # the setup line as data: pe-verdict --by-size reads the width from it
+    assert summary["setup"] == {"model": "DecoderLM", "d_model": 32, "n_layers": 2, "n_heads": 4, "seq_len": 16, "batch_size": 4,
+                                "max_steps": 6}
     assert set(summary["groups"]) == {"learned", "rope"}
     learned = summary["groups"]["learned"]
     assert learned["seeds"] == [0, 1]
@@ -279,6 +282,21 @@ def test_scaled_embedding_runs_form_their_own_group(tmp_path):
         (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,5.0\n1,4.0\n")
     groups = group_runs(find_runs(tmp_path))
     assert [(g.label, g.seeds) for g in groups] == [("sinusoidal", [0, 1]), ("sinusoidal + scaled emb", [0])]
+
+
+def test_the_setup_of_runs_of_two_widths_names_no_width(tmp_path):
+    """A report over runs of different d_model must not pass for one size in the size curve."""
+    from pe_geometry.analysis.report.build import run_setup
+    from pe_geometry.analysis.runs import find_runs
+
+    for name, d in (("a", 64), ("b", 128)):
+        run = tmp_path / name
+        (run / "csv").mkdir(parents=True)
+        (run / "config.yaml").write_text(f"seed: 0\nmodel: {{_target_: model.DecoderLM, d_model: {d}, n_layers: 2}}\n"
+                                         f"pe: {{_target_: model.LearnedPE}}\n")
+        (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,5.0\n")
+    setup = run_setup(find_runs(tmp_path))
+    assert setup["d_model"] is None and setup["n_layers"] == 2 and setup["model"] == "DecoderLM"
 
 
 def test_every_control_arm_forms_its_own_group(tmp_path):

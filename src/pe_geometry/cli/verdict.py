@@ -3,9 +3,12 @@
     pe-verdict experiments/results/controls_learned experiments/results/controls_sinusoidal
     pe-verdict REPORT... --figures overlap_k8 var_share_P_in_E_k8    # fewer input figures
     pe-verdict REPORT... --compact --figures overlap_k8 var_share_P_in_E_k8  # one row per arm
+    pe-verdict REPORT... --by-size --plot size_curve.png   # the dose-response: each arm's ratio to its null vs d_model
 
 Reads each report's summary.json (written by pe-report) and prints one set of markdown
-tables, a block of rows per report, in the order given.
+tables, a block of rows per report, in the order given. With --by-size the reports are
+sizes of one study: each arm (matched by label) gets its end / null ratio per seed at each
+width and a fitted trend per doubling of d_model (analysis/size_curve.py).
 """
 
 from __future__ import annotations
@@ -17,8 +20,13 @@ from pathlib import Path
 from pe_geometry.extras import exit_on_missing_extra
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
-    from pe_geometry.analysis.report.markdown import compact_verdict_table, verdict_tables
+    from pe_geometry.analysis.report.figures import plot_size_curve
+    from pe_geometry.analysis.report.markdown import compact_verdict_table, size_curve_table, verdict_tables
+    from pe_geometry.analysis.size_curve import size_points, trend
     from pe_geometry.analysis.verdict import INPUT_FIGURES
+
+# The size curve reads a ratio to the null where below 1 means separated: the angle separates upwards, so it is left out.
+SIZE_FIGURES = [f for f, _, side in INPUT_FIGURES if side == "less"]
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -27,19 +35,60 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--figures", nargs="+", default=None, choices=[f for f, _, _ in INPUT_FIGURES],
                         help="input-level figures to show (default: all)")
     parser.add_argument("--compact", action="store_true", help="one row per arm (input figures only; reading from the first)")
+    parser.add_argument("--by-size", action="store_true",
+                        help=f"the reports are sizes of one study: each arm's end / null ratio against d_model and its trend "
+                             f"(figures: {', '.join(SIZE_FIGURES)})")
+    parser.add_argument("--plot", type=Path, default=None, help="with --by-size: write the curve to this PNG")
     args = parser.parse_args(argv)
-    verdicts = []
+    if args.plot and not args.by_size:
+        parser.error("--plot draws the size curve: use it with --by-size")
+    summaries = []
     for folder in args.reports:
         path = folder / "summary.json" if folder.is_dir() else folder
         if not path.is_file():
             parser.error(f"{path}: no summary.json (run pe-report on the sweep first)")
-        found = json.loads(path.read_text()).get("verdict")
-        if not found:
+        summary = json.loads(path.read_text())
+        if not summary.get("verdict"):
             parser.error(f"{path}: the report has no verdict (made with --no-verdict, or before verdicts existed)")
+        summaries.append((folder.name if folder.is_dir() else folder.parent.name, summary))
+    if args.by_size:
+        return by_size(parser, summaries, args.figures or SIZE_FIGURES, args.plot)
+    verdicts = []
+    for folder, (_, summary) in zip(args.reports, summaries):
+        found = summary["verdict"]
         prefix = folder.name if len(args.reports) > 1 else None
         verdicts += [{**v, "label": f"{prefix}: {v['label']}" if prefix else v["label"]} for v in found]
     figures = args.figures or [f for f, _, _ in INPUT_FIGURES]
     text = "\n".join(compact_verdict_table(verdicts, figures) if args.compact else verdict_tables(verdicts, args.figures))
+    print(text)
+    return text
+
+
+def by_size(parser: argparse.ArgumentParser, summaries: list[tuple[str, dict]], figures: list[str], plot: Path | None) -> str:
+    """The --by-size tables (one per figure) and, if asked, the figure."""
+    wrong = [f for f in figures if f not in SIZE_FIGURES]
+    if wrong:
+        parser.error(f"--by-size reads a ratio where below 1 is separated; {', '.join(wrong)} is not one of: "
+                     f"{', '.join(SIZE_FIGURES)}")
+    titles = {f: t for f, t, _ in INPUT_FIGURES}
+    lines, panels = [], []
+    for figure in figures:
+        try:
+            curves = size_points(summaries, figure)
+        except ValueError as err:
+            parser.error(str(err))
+        one_width = sorted(label for label, points in curves.items() if len(points) == 1)
+        curves = {label: points for label, points in curves.items() if len(points) > 1}
+        trends = {label: trend(points) for label, points in curves.items()}
+        lines += [f"### {titles[figure]}", ""] + size_curve_table(curves, trends)
+        if one_width:
+            lines += [f"Left out, at one width only: {', '.join(one_width)}.", ""]
+        panels.append((titles[figure], curves))
+    if not any(panel_curves for _, panel_curves in panels):
+        parser.error("no arm is in two reports of different widths (arms are matched by label): nothing to compare")
+    if plot is not None:
+        plot_size_curve(panels, plot)
+    text = "\n".join(lines)
     print(text)
     return text
 

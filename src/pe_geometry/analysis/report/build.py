@@ -163,6 +163,19 @@ def regenerate_commands(runs: list[Run], source: Path, name: str, pe_report: str
     return commands + [pe_report]
 
 
+def run_setup(runs: list[Run]) -> dict:
+    """The runs' shape and length, the report's setup line as data (pe-verdict --by-size reads the width from it); a
+    field is None where the runs differ, so a report mixing sizes cannot pass for one size."""
+    def field(section: str, key: str, short: bool = False):
+        values = {str(v).rsplit(".", 1)[-1] if short and v is not None else v
+                  for r in runs for v in [(r.config.get(section) or {}).get(key)]}
+        return values.pop() if len(values) == 1 else None
+
+    return {"model": field("model", "_target_", short=True), "d_model": field("model", "d_model"),
+            "n_layers": field("model", "n_layers"), "n_heads": field("model", "n_heads"), "seq_len": field("data", "seq_len"),
+            "batch_size": field("data", "batch_size"), "max_steps": field("trainer", "max_steps")}
+
+
 def load_pretrained(path: Path | None, out_dir: Path) -> tuple[dict | None, str]:
     """The MiniLM analysis: from --pretrained-json if that file exists, else computed (and saved there and in out_dir)."""
     if path is not None and path.is_file():
@@ -247,6 +260,7 @@ def build_report(
         "source": folder_name,
         "generated": data.generated,
         "regenerate": data.commands,
+        "setup": run_setup(runs),
         "runs": [{"name": r.name, "dir": run_folder(r, source), "model": r.model, "pe": r.pe, "seed": r.seed,
                   "final_step": int(max((s[-1] for s, _ in r.series.values() if len(s)), default=0))} for r in runs],
         "groups": {

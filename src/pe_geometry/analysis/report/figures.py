@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from pe_geometry.analysis import metric_names as names  # noqa: E402
 from pe_geometry.analysis.metric_names import COMPANIONS, TRAIN_LOSS, VAL_LOSS, MetricName  # noqa: E402
@@ -324,3 +325,39 @@ def plot_extrapolation(groups: list[Group], table: dict, path: Path) -> bool:
     return True
 
 
+
+
+def plot_size_curve(panels: list[tuple[str, dict]], path: Path) -> bool:
+    """The dose-response across widths: one panel per figure (title, {arm: [SizePoint]}), each seed a dot, the line
+    through each width's mean; the dashed line at 1 is the null. False if no arm has two widths."""
+    panels = [(title, curves) for title, curves in panels if any(len(points) > 1 for points in curves.values())]
+    if not panels:
+        return False
+    labels = sorted({label for _, curves in panels for label in curves})
+    colours = {label: f"C{i}" for i, label in enumerate(labels)}
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 2.4, 4.0), squeeze=False, layout="constrained")
+        for ax, (title, curves) in zip(axes.flat, panels):
+            widths = sorted({q.d_model for points in curves.values() for q in points})
+            for label, points in curves.items():
+                xs = [q.d_model for q in points]
+                ax.plot(xs, [float(np.mean(q.ratios)) for q in points], "-", color=colours[label], lw=1.8)
+                for q in points:
+                    ax.plot([q.d_model] * len(q.ratios), q.ratios, "o", color=colours[label], ms=4, alpha=0.7)
+            ax.axhline(1.0, color="black", ls="--", lw=1.2)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log", base=2)
+            # plain numbers (0.25, 0.375, 0.5, ...) rather than powers of two: the ratio is read as a fraction of the null
+            ax.yaxis.set_minor_locator(LogLocator(base=2, subs=(1.5,)))
+            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                axis(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_xticks(widths, [str(d) for d in widths])
+            ax.set_xlabel("d_model")
+            ax.set_ylabel("end / null mean")
+            ax.set_title(textwrap.fill(title, 40))
+        handles = [Line2D([], [], color=colours[lb], marker="o", lw=1.8, label=lb) for lb in labels]
+        handles.append(Line2D([], [], color="black", ls="--", lw=1.2, label="the null (ratio 1)"))
+        fig.legend(handles=handles, loc="outside right upper", frameon=False, title="arm (dots: seeds)")
+        fig.savefig(path)
+        plt.close(fig)
+    return True

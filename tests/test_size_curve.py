@@ -1,0 +1,96 @@
+"""The dose-response across widths (analysis/size_curve.py, pe-verdict --by-size): ratios to the null, the trend
+fitted through every seed, and the refusals that keep two sizes from being mixed up."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pe_geometry.analysis.size_curve import size_points, trend
+from pe_geometry.analysis.verdict import combine_seeds
+
+SETUP = {"model": "DecoderLM", "n_layers": 2, "n_heads": 4, "seq_len": 64, "batch_size": 32, "max_steps": 1800}
+
+
+def summary(d_model: int, arms: dict[str, tuple[list[float], list[float], list[float]]]) -> dict:
+    """A report's summary.json at one width: per arm, observed, null mean and p per seed for the top-8 overlap."""
+    verdicts = []
+    for label, (observed, null, p) in arms.items():
+        v = combine_seeds(observed, null, p, [-3.0] * len(p), side="less")
+        verdicts.append({"label": label, "seeds": list(range(len(p))), "n_draws": 2000,
+                         "input": {"overlap_k8": {**v, "init": {"n": 0}}}, "hidden": {}, "attn": {}})
+    return {"setup": {**SETUP, "d_model": d_model}, "verdict": verdicts}
+
+
+def test_ratio_is_each_seed_over_its_own_null_and_widths_are_sorted():
+    reports = [("d128", summary(128, {"learned": ([0.02, 0.03], [0.0625, 0.06], [0.001, 0.2])})),
+               ("d64", summary(64, {"learned": ([0.06, 0.09], [0.125, 0.12], [0.01, 0.02]), "sinusoidal": ([0.1], [0.125], [0.5])}))]
+    curves = size_points(reports, "overlap_k8")
+    assert [q.d_model for q in curves["learned"]] == [64, 128]
+    assert curves["learned"][0].ratios == pytest.approx([0.48, 0.75])
+    assert curves["learned"][1].ratios == pytest.approx([0.32, 0.5])
+    # a seed counts as separated only below its null with p < 0.05
+    assert curves["learned"][1].n_separated == 1 and curves["learned"][0].n_separated == 2
+    assert len(curves["sinusoidal"]) == 1 and trend(curves["sinusoidal"]) is None
+
+
+def test_trend_is_the_least_squares_line_through_every_seed_with_its_t_test():
+    """Against numpy's polyfit and the textbook standard error of a slope, by hand."""
+    rng = np.random.default_rng(0)
+    widths, seeds = [64, 128, 256], 3
+    log_ratio = {d: [-0.6 * math.log2(d / 64) - 0.8 + rng.normal(0, 0.1) for _ in range(seeds)] for d in widths}
+    reports = [(f"d{d}", summary(d, {"learned": ([0.1 * 2 ** y for y in log_ratio[d]], [0.1] * seeds, [0.01] * seeds)}))
+               for d in widths]
+    fit = trend(size_points(reports, "overlap_k8")["learned"])
+    x = np.array([math.log2(d) for d in widths for _ in range(seeds)])
+    y = np.array([v for d in widths for v in log_ratio[d]])
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (slope * x + intercept)
+    se = math.sqrt(residual @ residual / (len(x) - 2) / ((x - x.mean()) @ (x - x.mean())))
+    from scipy import stats as scipy_stats
+    assert fit["slope"] == pytest.approx(slope, rel=1e-10) and fit["se"] == pytest.approx(se, rel=1e-10)
+    assert fit["p"] == pytest.approx(2 * scipy_stats.t.sf(abs(slope / se), df=len(x) - 2), rel=1e-8)
+    assert fit["n"] == 9 and fit["widths"] == widths and -0.75 < fit["slope"] < -0.45
+
+
+def test_two_reports_with_one_arm_at_one_width_or_without_a_width_are_refused():
+    arm = {"learned": ([0.05], [0.1], [0.01])}
+    with pytest.raises(ValueError, match="'learned' at d_model 64 is in two reports"):
+        size_points([("a", summary(64, arm)), ("b", summary(64, arm))], "overlap_k8")
+    mixed = summary(64, arm)
+    mixed["setup"]["d_model"] = None
+    with pytest.raises(ValueError, match="different d_model"):
+        size_points([("mixed", mixed)], "overlap_k8")
+    with pytest.raises(ValueError, match="no 'setup'"):
+        size_points([("old", {"verdict": mixed["verdict"]})], "overlap_k8")
+
+
+def test_pe_verdict_by_size_prints_the_curve_and_draws_it(tmp_path, capsys):
+    from pe_geometry.cli.verdict import main
+
+    for d, observed in ((64, [0.06, 0.07]), (128, [0.02, 0.025])):
+        folder = tmp_path / f"d{d}"
+        folder.mkdir()
+        null = 8 / d
+        arms = {"learned": (observed, [null, null], [0.001, 0.001]), f"only at {d}": ([null], [null], [0.9])}
+        (folder / "summary.json").write_text(json.dumps(summary(d, arms)))
+    text = main([str(tmp_path / "d64"), str(tmp_path / "d128"), "--by-size", "--figures", "overlap_k8",
+                 "--plot", str(tmp_path / "curve.png")])
+    rows = [line for line in text.splitlines() if line.startswith("| learned |")]
+    assert rows[0].startswith("| learned | 64 | 2 layers, 1800 steps (d64) | 2 | 0.48, 0.56 | 0.52 ± 0.057 | 2/2 |")
+    assert rows[1].startswith("| learned | 128 | 2 layers, 1800 steps (d128) | 2 | 0.32, 0.4 |")
+    assert rows[2].startswith("| learned | 64, 128 | -0.") and rows[2].endswith("| 4 |")  # the trend row
+    assert "Left out, at one width only: only at 128, only at 64." in text
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):  # the angle separates upwards: not a ratio below 1
+        main([str(tmp_path / "d64"), str(tmp_path / "d128"), "--by-size", "--figures", "angle_mean_k8_deg"])
+    assert "angle_mean_k8_deg is not one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one width: nothing to compare
+        main([str(tmp_path / "d64"), "--by-size"])
+    assert "no arm is in two reports of different widths" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "d64"), "--plot", str(tmp_path / "x.png")])
+    assert "use it with --by-size" in capsys.readouterr().err
