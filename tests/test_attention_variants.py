@@ -37,6 +37,7 @@ from pe_geometry.training.validate import ConfigError, check_config
 from tests.conftest import PE_TYPES, compose_train_config
 from tests.test_attention import build, live
 from tests.test_generate import incremental_logits
+from tests.test_position_attention import assert_score_parts_softmax_to_kept_weights
 
 D, H, DH = 32, 4, 8  # the test models' width, heads and head size (tests/test_attention.py's build)
 KERNELS = (ExplicitAttention, SDPAttention)
@@ -354,19 +355,9 @@ def test_each_variant_changes_the_logits(name):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_score_parts_are_the_logits_the_attention_softmaxes(name, pe):
     """content + position, masked with the layer's visible keys, softmax to the explicit path's kept weights."""
-    T = 16
-    idx = torch.randint(2, 50, (3, T), generator=torch.Generator().manual_seed(0))
+    idx = torch.randint(2, 50, (3, 16), generator=torch.Generator().manual_seed(0))
     for model_cls in (DecoderLM, EncoderMLM):
-        model = live(build(model_cls, pe, variant(ExplicitAttention, name))).eval()
-        for block in model.blocks:
-            block.attn.keep_weights = True
-        with torch.no_grad():
-            model(idx)
-            mask = pa._mask(model, T, idx.device)
-            for block, x in zip(model.blocks, pa.attention_inputs(model, idx)):
-                content, position = block.attn.score_parts(x, causal=model.input_stack.causal)
-                weights = (content + position).masked_fill(~mask, float("-inf")).softmax(dim=-1)
-                torch.testing.assert_close(weights, block.attn.attn_weights, atol=1e-5, rtol=1e-5)
+        assert_score_parts_softmax_to_kept_weights(live(build(model_cls, pe, variant(ExplicitAttention, name))).eval(), idx)
 
 
 # -- the config: keys from the command line, one error line for what cannot work ----------------------------------------

@@ -26,13 +26,17 @@ def tokens(B: int = 3, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM])
 def test_content_plus_position_are_the_logits_the_attention_softmaxes(pe, model_cls):
     """softmax(content + position) over the visible keys is the explicit path's kept weights, in every block."""
-    model = live(build(model_cls, pe, ExplicitAttention)).eval()
-    idx = tokens()
+    assert_score_parts_softmax_to_kept_weights(live(build(model_cls, pe, ExplicitAttention)).eval(), tokens())
+
+
+def assert_score_parts_softmax_to_kept_weights(model, idx: torch.Tensor) -> None:
+    """score_parts' content + position, masked with the layer's visible keys, softmax to the weights the explicit path
+    kept, in every block (test_attention_variants runs it under every attention variant too)."""
     for block in model.blocks:
         block.attn.keep_weights = True
     with torch.no_grad():
         model(idx)
-        mask = pa._mask(model, T, idx.device)
+        mask = pa._mask(model, idx.shape[1], idx.device)
         for block, x in zip(model.blocks, pa.attention_inputs(model, idx)):
             content, position = block.attn.score_parts(x, causal=model.input_stack.causal)
             weights = (content + position).masked_fill(~mask, float("-inf")).softmax(dim=-1)
