@@ -79,6 +79,8 @@ def test_pe_verdict_by_size_prints_the_curve_and_draws_it(tmp_path, capsys):
         (folder / "summary.json").write_text(json.dumps(summary(d, arms)))
     text = main([str(tmp_path / "d64"), str(tmp_path / "d128"), "--by-size", "--figures", "overlap_k8",
                  "--plot", str(tmp_path / "curve.png")])
+    assert text.splitlines()[2] == (f"Made by `pe-verdict {tmp_path / 'd64'} {tmp_path / 'd128'} --by-size --figures overlap_k8 "
+                                    f"--plot {tmp_path / 'curve.png'}` (analysis/size_curve.py).")
     rows = [line for line in text.splitlines() if line.startswith("| learned |")]
     assert rows[0].startswith("| learned | 64 | 2 layers, 1800 steps (d64) | 2 | 0.48, 0.56 | 0.52 ± 0.057 | 2/2 |")
     assert rows[1].startswith("| learned | 128 | 2 layers, 1800 steps (d128) | 2 | 0.32, 0.4 |")

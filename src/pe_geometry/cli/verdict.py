@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from pathlib import Path
 
 from pe_geometry.extras import exit_on_missing_extra
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> str:
             parser.error(f"{path}: the report has no verdict (made with --no-verdict, or before verdicts existed)")
         summaries.append((folder.name if folder.is_dir() else folder.parent.name, summary))
     if args.by_size:
-        return by_size(parser, summaries, args.figures or SIZE_FIGURES, args.plot)
+        command = "pe-verdict " + shlex.join(sys.argv[1:] if argv is None else argv)
+        return by_size(parser, summaries, args.figures or SIZE_FIGURES, args.plot, command)
     verdicts = []
     for folder, (_, summary) in zip(args.reports, summaries):
         found = summary["verdict"]
@@ -64,14 +67,15 @@ def main(argv: list[str] | None = None) -> str:
     return text
 
 
-def by_size(parser: argparse.ArgumentParser, summaries: list[tuple[str, dict]], figures: list[str], plot: Path | None) -> str:
-    """The --by-size tables (one per figure) and, if asked, the figure."""
+def by_size(parser: argparse.ArgumentParser, summaries: list[tuple[str, dict]], figures: list[str], plot: Path | None,
+            command: str) -> str:
+    """The --by-size tables (one per figure), headed by the command that prints them, and, if asked, the figure."""
     wrong = [f for f in figures if f not in SIZE_FIGURES]
     if wrong:
         parser.error(f"--by-size reads a ratio where below 1 is separated; {', '.join(wrong)} is not one of: "
                      f"{', '.join(SIZE_FIGURES)}")
     titles = {f: t for f, t, _ in INPUT_FIGURES}
-    lines, panels = [], []
+    lines, panels = ["# The dose-response across widths", "", f"Made by `{command}` (analysis/size_curve.py).", ""], []
     for figure in figures:
         try:
             curves = size_points(summaries, figure)
