@@ -35,6 +35,10 @@ def test_ratio_is_each_seed_over_its_own_null_and_widths_are_sorted():
     # a seed counts as separated only below its null with p < 0.05
     assert curves["learned"][1].n_separated == 1 and curves["learned"][0].n_separated == 2
     assert len(curves["sinusoidal"]) == 1 and trend(curves["sinusoidal"]) is None
+    # a seed exactly at 0 has no log: no line is fitted rather than a math error
+    zero = size_points([("a", summary(64, {"x": ([0.0, 0.1], [0.1, 0.1], [0.01, 0.01])})),
+                        ("b", summary(128, {"x": ([0.05, 0.05], [0.1, 0.1], [0.01, 0.01])}))], "overlap_k8")
+    assert trend(zero["x"]) is None
 
 
 def test_trend_is_the_least_squares_line_through_every_seed_with_its_t_test():
@@ -64,6 +68,9 @@ def test_two_reports_with_one_arm_at_one_width_or_without_a_width_are_refused():
     mixed["setup"]["d_model"] = None
     with pytest.raises(ValueError, match="different d_model"):
         size_points([("mixed", mixed)], "overlap_k8")
+    zero_null = summary(64, {"learned": ([0.05], [0.0], [0.01])})
+    with pytest.raises(ValueError, match="null mean <= 0"):
+        size_points([("zero", zero_null)], "overlap_k8")
     with pytest.raises(ValueError, match="no 'setup'"):
         size_points([("old", {"verdict": mixed["verdict"]})], "overlap_k8")
 

@@ -72,6 +72,8 @@ def size_points(reports: list[tuple[str, dict]], figure: str) -> dict[str, list[
             f = v["input"].get(figure)
             if f is None:
                 continue
+            if any(m <= 0 for m in f["null_mean"]["values"]):
+                raise ValueError(f"{name}: arm {v['label']!r} has a null mean <= 0 for {figure}, so no ratio to it")
             ratios = [o / m for o, m in zip(f["observed"]["values"], f["null_mean"]["values"])]
             point = SizePoint(v["label"], name, setup, list(v["seeds"]), ratios, list(f["p"]))
             same = [q for q in curves.get(v["label"], []) if q.d_model == point.d_model]
@@ -84,7 +86,9 @@ def size_points(reports: list[tuple[str, dict]], figure: str) -> dict[str, list[
 
 def trend(points: list[SizePoint]) -> dict | None:
     """Least squares of log2(ratio) on log2(d_model) over every seed (see the module docstring); None with fewer
-    than two widths or three seed points, where no line or no error can be fitted."""
+    than two widths or three seed points, where no line or no error can be fitted, and where a ratio is 0 (no log)."""
+    if any(r <= 0 for q in points for r in q.ratios):
+        return None
     xs = [math.log2(q.d_model) for q in points for _ in q.ratios]
     ys = [math.log2(r) for q in points for r in q.ratios]
     if len({q.d_model for q in points}) < 2 or len(xs) < 3:
