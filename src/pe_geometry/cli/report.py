@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
+from pe_geometry.cli import console_script
 from pe_geometry.extras import exit_on_missing_extra
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
@@ -45,10 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
-def cli() -> None:
-    """The console script ``pe-report``. ``main`` returns its result to a caller; a console script would hand that
-    to ``sys.exit``, which prints it and exits with 1, so this returns nothing (exit code 0)."""
-    main()
+cli = console_script(main)  # pe-report
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from pe_geometry.cli import console_script
 from pe_geometry.extras import exit_on_missing_extra
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
@@ -97,10 +98,7 @@ def by_size(parser: argparse.ArgumentParser, summaries: list[tuple[str, dict]], 
     return text
 
 
-def cli() -> None:
-    """The console script ``pe-verdict``. ``main`` returns its result to a caller; a console script would hand that
-    to ``sys.exit``, which prints it and exits with 1, so this returns nothing (exit code 0)."""
-    main()
+cli = console_script(main)  # pe-verdict
 
 
 if __name__ == "__main__":
