@@ -60,13 +60,34 @@ def test_trend_is_the_least_squares_line_through_every_seed_with_its_t_test():
     assert fit["n"] == 9 and fit["widths"] == widths and -0.75 < fit["slope"] < -0.45
 
 
+def test_a_seed_missing_from_one_list_is_refused_not_paired_with_another_seeds_null():
+    """The verdict drops a NaN from the observed values but not from the p-values: pairing the lists then would divide
+    seed 1's value by seed 0's null."""
+    reports = [("d64", summary(64, {"learned": ([math.nan, 0.05, 0.06], [0.2, 0.1, 0.125], [0.5, 0.01, 0.01])}))]
+    with pytest.raises(ValueError, match="2 observed values, 3 null means and 3 p-values cannot be paired"):
+        size_points(reports, "overlap_k8")
+
+
+def test_reports_of_another_model_layout_are_not_one_curve():
+    encoder = summary(128, {"learned": ([0.05], [0.1], [0.01])})
+    encoder["setup"]["model"] = "EncoderMLM"
+    with pytest.raises(ValueError, match="not sizes of one study.*EncoderMLM"):
+        size_points([("d64", summary(64, {"learned": ([0.05], [0.1], [0.01])})), ("enc", encoder)], "overlap_k8")
+
+
+def test_the_plotted_line_goes_through_the_mean_the_trend_is_fitted_on():
+    from pe_geometry.analysis.size_curve import geometric_mean
+
+    assert geometric_mean([0.25, 1.0]) == pytest.approx(0.5)  # 2 ** mean(-2, 0), not the arithmetic 0.625
+
+
 def test_two_reports_with_one_arm_at_one_width_or_without_a_width_are_refused():
     arm = {"learned": ([0.05], [0.1], [0.01])}
     with pytest.raises(ValueError, match="'learned' at d_model 64 is in two reports"):
         size_points([("a", summary(64, arm)), ("b", summary(64, arm))], "overlap_k8")
     mixed = summary(64, arm)
     mixed["setup"]["d_model"] = None
-    with pytest.raises(ValueError, match="different d_model"):
+    with pytest.raises(ValueError, match="no single d_model"):
         size_points([("mixed", mixed)], "overlap_k8")
     zero_null = summary(64, {"learned": ([0.05], [0.0], [0.01])})
     with pytest.raises(ValueError, match="null mean <= 0"):
@@ -103,3 +124,30 @@ def test_pe_verdict_by_size_prints_the_curve_and_draws_it(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "d64"), "--plot", str(tmp_path / "x.png")])
     assert "use it with --by-size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "d64"), str(tmp_path / "d128"), "--by-size", "--compact"])
+    assert "choose one" in capsys.readouterr().err
+
+
+def test_pe_verdict_by_size_says_what_it_could_not_fit_and_turns_bad_reports_into_one_error_line(tmp_path, capsys):
+    from pe_geometry.cli.verdict import main
+
+    two_seeds = {"learned": ([0.05, 0.06], [0.1, 0.1], [0.01, 0.01])}
+    reports = {"a": summary(64, {"learned": ([0.05], [0.1], [0.01])}), "b": summary(128, {"learned": ([0.02], [0.05], [0.01])}),
+               "c": summary(256, two_seeds)}
+    reports["c"]["setup"]["max_steps"] = None  # runs of different lengths in one report
+    for name, data in reports.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(data))
+    text = main([str(tmp_path / "a"), str(tmp_path / "b"), "--by-size", "--figures", "overlap_k8", "abs_cos_mean",
+                 "--plot", str(tmp_path / "new" / "folder" / "curve.png")])
+    assert "No trend fitted for learned: fewer than 3 seed points" in text  # 2 points: no error for the slope
+    assert "No arm has this figure in two reports of different widths." in text  # abs_cos_mean is in neither
+    assert (tmp_path / "new" / "folder" / "curve.png").is_file()
+    text = main([str(tmp_path / "a"), str(tmp_path / "c"), "--by-size", "--figures", "overlap_k8"])
+    assert "| learned | 256 | 2 layers, mixed steps (c) | 2 | 0.5, 0.6 |" in text
+    reports["b"]["setup"]["model"] = "EncoderMLM"
+    (tmp_path / "b" / "summary.json").write_text(json.dumps(reports["b"]))
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "a"), str(tmp_path / "b"), "--by-size"])
+    assert "error: the reports are not sizes of one study" in capsys.readouterr().err

@@ -31,11 +31,10 @@ from pe_geometry.analysis.verdict import SIGNIFICANCE
 
 @dataclass
 class SizePoint:
-    """One arm of one report: its shape and, per seed, observed / null mean of one figure."""
+    """One arm of one report: its shape and, per seed, observed / null mean of one figure, with that seed's p."""
     label: str
     report: str
     setup: dict
-    seeds: list[int]
     ratios: list[float]
     p: list[float]
 
@@ -56,31 +55,50 @@ def report_setup(name: str, summary: dict) -> dict:
         raise ValueError(f"{name}: summary.json has no 'setup' (made before reports recorded the model's shape): "
                          f"run pe-report on its sweep again")
     if setup.get("d_model") is None:
-        raise ValueError(f"{name}: its runs have different d_model, so the report is not one size: report each size "
-                         f"on its own")
+        raise ValueError(f"{name}: its runs have no single d_model (they differ, or their configs lack it), so the report "
+                         f"is not one size: report each size on its own")
     return setup
+
+
+def seed_ratios(name: str, label: str, figure: str, f: dict) -> tuple[list[float], list[float]]:
+    """Each seed's observed / null mean and its p, paired seed by seed. The verdict keeps one list per quantity; a
+    list with a seed missing (a NaN dropped) would pair one seed's value with another's null, so it is refused."""
+    observed, null, p = f["observed"].get("values") or [], f["null_mean"].get("values") or [], list(f["p"])
+    if not len(observed) == len(null) == len(p):
+        raise ValueError(f"{name}: arm {label!r}, {figure}: {len(observed)} observed values, {len(null)} null means and "
+                         f"{len(p)} p-values cannot be paired seed by seed (a seed's value is missing or NaN)")
+    if any(m <= 0 for m in null):
+        raise ValueError(f"{name}: arm {label!r} has a null mean <= 0 for {figure}, so no ratio to it")
+    return [o / m for o, m in zip(observed, null)], p
 
 
 def size_points(reports: list[tuple[str, dict]], figure: str) -> dict[str, list[SizePoint]]:
     """Every arm's point per report, keyed by the arm's label and sorted by width. Arms are matched across reports
     by label (a sweep names its arms by PE type and control, so 'learned' at d 64 and 'learned' at d 128 are one
-    curve); two reports with the same arm at the same width are refused, since which one to plot is ambiguous."""
+    curve). Refused, since the curve would mean nothing: two reports with the same arm at the same width (which one
+    to plot is ambiguous), and reports of different model layouts or sequence lengths (a decoder at one width and an
+    encoder at the next are not one curve)."""
     curves: dict[str, list[SizePoint]] = {}
+    kinds: dict[tuple, str] = {}
     for name, summary in reports:
         setup = report_setup(name, summary)
+        kinds.setdefault((setup.get("model"), setup.get("seq_len")), name)
         for v in summary.get("verdict") or []:
             f = v["input"].get(figure)
             if f is None:
                 continue
-            if any(m <= 0 for m in f["null_mean"]["values"]):
-                raise ValueError(f"{name}: arm {v['label']!r} has a null mean <= 0 for {figure}, so no ratio to it")
-            ratios = [o / m for o, m in zip(f["observed"]["values"], f["null_mean"]["values"])]
-            point = SizePoint(v["label"], name, setup, list(v["seeds"]), ratios, list(f["p"]))
+            ratios, p = seed_ratios(name, v["label"], figure, f)
+            if not ratios:
+                continue
+            point = SizePoint(v["label"], name, setup, ratios, p)
             same = [q for q in curves.get(v["label"], []) if q.d_model == point.d_model]
             if same:
                 raise ValueError(f"arm {v['label']!r} at d_model {point.d_model} is in two reports ({same[0].report}, "
                                  f"{name}): give one report per size")
             curves.setdefault(v["label"], []).append(point)
+    if len(kinds) > 1:
+        described = "; ".join(f"{name}: {model}, seq_len {seq}" for (model, seq), name in kinds.items())
+        raise ValueError(f"the reports are not sizes of one study (model layout or seq_len differ: {described})")
     return {label: sorted(points, key=lambda q: q.d_model) for label, points in curves.items()}
 
 
@@ -96,3 +114,8 @@ def trend(points: list[SizePoint]) -> dict | None:
     fit = scipy_stats.linregress(np.array(xs), np.array(ys))
     return {"slope": float(fit.slope), "se": float(fit.stderr), "p": float(fit.pvalue), "n": len(xs),
             "widths": sorted({q.d_model for q in points})}
+
+
+def geometric_mean(ratios: list[float]) -> float:
+    """The mean the trend is fitted on (a mean of log2 ratios), back on the ratio scale: the plotted line's points."""
+    return float(2 ** np.mean(np.log2(ratios)))

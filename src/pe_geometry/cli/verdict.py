@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     if args.plot and not args.by_size:
         parser.error("--plot draws the size curve: use it with --by-size")
+    if args.compact and args.by_size:
+        parser.error("--compact and --by-size are two different tables: choose one")
     summaries = []
     for folder in args.reports:
         path = folder / "summary.json" if folder.is_dir() else folder
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> str:
         summary = json.loads(path.read_text())
         if not summary.get("verdict"):
             parser.error(f"{path}: the report has no verdict (made with --no-verdict, or before verdicts existed)")
-        summaries.append((folder.name if folder.is_dir() else folder.parent.name, summary))
+        summaries.append(((folder if folder.is_dir() else folder.parent).resolve().name, summary))
     if args.by_size:
         command = "pe-verdict " + shlex.join(sys.argv[1:] if argv is None else argv)
         return by_size(parser, summaries, args.figures or SIZE_FIGURES, args.plot, command)
@@ -73,8 +75,8 @@ def by_size(parser: argparse.ArgumentParser, summaries: list[tuple[str, dict]], 
     """The --by-size tables (one per figure), headed by the command that prints them, and, if asked, the figure."""
     wrong = [f for f in figures if f not in SIZE_FIGURES]
     if wrong:
-        parser.error(f"--by-size reads a ratio where below 1 is separated; {', '.join(wrong)} is not one of: "
-                     f"{', '.join(SIZE_FIGURES)}")
+        parser.error(f"--by-size reads a ratio where below 1 is separated; {', '.join(wrong)} "
+                     f"{'is' if len(wrong) == 1 else 'are'} not one of: {', '.join(SIZE_FIGURES)}")
     titles = {f: t for f, t, _ in INPUT_FIGURES}
     lines, panels = ["# The dose-response across widths", "", f"Made by `{command}` (analysis/size_curve.py).", ""], []
     for figure in figures:
@@ -84,14 +86,18 @@ def by_size(parser: argparse.ArgumentParser, summaries: list[tuple[str, dict]], 
             parser.error(str(err))
         one_width = sorted(label for label, points in curves.items() if len(points) == 1)
         curves = {label: points for label, points in curves.items() if len(points) > 1}
-        trends = {label: trend(points) for label, points in curves.items()}
-        lines += [f"### {titles[figure]}", ""] + size_curve_table(curves, trends)
+        lines += [f"### {titles[figure]}", ""]
+        if not curves:
+            lines += ["No arm has this figure in two reports of different widths.", ""]
+        else:
+            lines += size_curve_table(curves, {label: trend(points) for label, points in curves.items()})
         if one_width:
             lines += [f"Left out, at one width only: {', '.join(one_width)}.", ""]
         panels.append((titles[figure], curves))
     if not any(panel_curves for _, panel_curves in panels):
         parser.error("no arm is in two reports of different widths (arms are matched by label): nothing to compare")
     if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
         plot_size_curve(panels, plot)
     text = "\n".join(lines)
     print(text)

@@ -26,6 +26,7 @@ from pe_geometry.analysis import metric_names as names  # noqa: E402
 from pe_geometry.analysis.metric_names import COMPANIONS, TRAIN_LOSS, VAL_LOSS, MetricName  # noqa: E402
 from pe_geometry.analysis.report.tables import NA, fmt  # noqa: E402
 from pe_geometry.analysis.runs import Group, aggregate, n_layers_of  # noqa: E402
+from pe_geometry.analysis.size_curve import geometric_mean  # noqa: E402
 
 STYLE = {
     "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
@@ -325,11 +326,10 @@ def plot_extrapolation(groups: list[Group], table: dict, path: Path) -> bool:
     return True
 
 
-
-
 def plot_size_curve(panels: list[tuple[str, dict]], path: Path) -> bool:
     """The dose-response across widths: one panel per figure (title, {arm: [SizePoint]}), each seed a dot, the line
-    through each width's mean; the dashed line at 1 is the null. False if no arm has two widths."""
+    through each width's geometric mean (the mean the trend is fitted on, in log2); the dashed line at 1 is the null.
+    False if no arm has two widths."""
     panels = [(title, curves) for title, curves in panels if any(len(points) > 1 for points in curves.values())]
     if not panels:
         return False
@@ -341,7 +341,7 @@ def plot_size_curve(panels: list[tuple[str, dict]], path: Path) -> bool:
             widths = sorted({q.d_model for points in curves.values() for q in points})
             for label, points in curves.items():
                 xs = [q.d_model for q in points]
-                ax.plot(xs, [float(np.mean(q.ratios)) for q in points], "-", color=colours[label], lw=1.8)
+                ax.plot(xs, [geometric_mean(q.ratios) for q in points], "-", color=colours[label], lw=1.8)
                 for q in points:
                     ax.plot([q.d_model] * len(q.ratios), q.ratios, "o", color=colours[label], ms=4, alpha=0.7)
             ax.axhline(1.0, color="black", ls="--", lw=1.2)

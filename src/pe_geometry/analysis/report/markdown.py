@@ -192,24 +192,31 @@ def compact_verdict_table(verdicts: list[dict], figures: list[str]) -> list[str]
 def size_curve_table(curves: dict, trends: dict) -> list[str]:
     """The dose-response across reports (analysis.size_curve): per arm and width, each seed's observed / null mean,
     and per arm the fitted change of log2(ratio) per doubling of d_model."""
+    def counted(value, noun: str) -> str:
+        return count(value, noun) if value is not None else f"mixed {noun}s"  # the report's runs differ
+
     header = ["arm", "d_model", "shape (report)", "seeds", "end / null mean per seed", "mean ± sd",
-              "seeds separated (p < 0.05, below)"]
+              "seeds below the null (p < 0.05)"]
     rows = []
     for label, points in curves.items():
         for q in points:
-            s = q.setup
-            shape = (f"{count(s.get('n_layers'), 'layer')}, {count(s.get('max_steps'), 'step')} ({q.report})")
-            rows.append([label, str(q.d_model), shape, str(len(q.seeds)), ", ".join(fmt(r, 3) for r in q.ratios),
-                         fmt_stats(stats(q.ratios), 3), f"{q.n_separated}/{len(q.seeds)}"])
-    lines = ["Each seed's final value / its null mean (1 = at the null; below 1 = word and position rows separated).", ""]
+            shape = f"{counted(q.setup.get('n_layers'), 'layer')}, {counted(q.setup.get('max_steps'), 'step')} ({q.report})"
+            rows.append([label, str(q.d_model), shape, str(len(q.ratios)), ", ".join(fmt(r, 3) for r in q.ratios),
+                         fmt_stats(stats(q.ratios), 3), f"{q.n_separated}/{len(q.ratios)}"])
+    lines = ["Each seed's final value / its null mean: 1 = at the null, below 1 = towards separated (each seed's p says "
+             "whether it is off its null).", ""]
     lines += md_table(header, rows)
     fits = [[label, ", ".join(str(d) for d in t["widths"]), f"{fmt(t['slope'], 3)} ± {fmt(t['se'], 2)}",
              f"{fmt(2 ** t['slope'], 3)}", fmt(t["p"], 2), str(t["n"])] for label, t in trends.items() if t]
     if fits:
         lines += ["Trend: least squares of log2(ratio) on log2(d_model) over every seed; slope = change of log2(ratio) per "
-                  "doubling of the width (negative = separating more as the model grows), ± its standard error; p = "
-                  "two-sided t-test of slope 0.", ""]
+                  "doubling of d_model ± its standard error; p = two-sided t-test of slope 0. The sizes differ in depth "
+                  "and training length too (shape column), so this is the trend of the whole recipe, not of the width "
+                  "alone; below the null, a negative slope means separating more as the model grows.", ""]
         lines += md_table(["arm", "widths", "slope per doubling ± se", "ratio factor per doubling", "p", "points"], fits)
+    unfitted = [label for label, t in trends.items() if not t]
+    if unfitted:
+        lines += [f"No trend fitted for {', '.join(unfitted)}: fewer than 3 seed points, or a ratio of 0 (no log).", ""]
     return lines
 
 
