@@ -136,12 +136,14 @@ def test_pe_verdict_by_size_says_what_it_could_not_fit_and_turns_bad_reports_int
     reports = {"a": summary(64, {"learned": ([0.05], [0.1], [0.01])}), "b": summary(128, {"learned": ([0.02], [0.05], [0.01])}),
                "c": summary(256, two_seeds)}
     reports["c"]["setup"]["max_steps"] = None  # runs of different lengths in one report
+    reports["b"]["verdict"][0]["input"]["overlap_k8"]["step"] = 600  # a sweep still training: its weights at step 600
     for name, data in reports.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps(data))
     text = main([str(tmp_path / "a"), str(tmp_path / "b"), "--by-size", "--figures", "overlap_k8", "abs_cos_mean",
                  "--plot", str(tmp_path / "new" / "folder" / "curve.png")])
     assert "No trend fitted for learned: fewer than 3 seed points" in text  # 2 points: no error for the slope
+    assert "| learned | 128 | 2 layers, step 600 of 1800 (b) | 1 | 0.4 |" in text
     assert "No arm has this figure in two reports of different widths." in text  # abs_cos_mean is in neither
     assert (tmp_path / "new" / "folder" / "curve.png").is_file()
     text = main([str(tmp_path / "a"), str(tmp_path / "c"), "--by-size", "--figures", "overlap_k8"])

@@ -37,6 +37,7 @@ class SizePoint:
     setup: dict
     ratios: list[float]
     p: list[float]
+    step: int | None = None  # the step of the weights the verdict measured (below max_steps while a sweep still runs)
 
     @property
     def d_model(self) -> int:
@@ -90,7 +91,7 @@ def size_points(reports: list[tuple[str, dict]], figure: str) -> dict[str, list[
             ratios, p = seed_ratios(name, v["label"], figure, f)
             if not ratios:
                 continue
-            point = SizePoint(v["label"], name, setup, ratios, p)
+            point = SizePoint(v["label"], name, setup, ratios, p, f.get("step"))
             same = [q for q in curves.get(v["label"], []) if q.d_model == point.d_model]
             if same:
                 raise ValueError(f"arm {v['label']!r} at d_model {point.d_model} is in two reports ({same[0].report}, "

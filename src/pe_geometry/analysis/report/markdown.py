@@ -200,7 +200,11 @@ def size_curve_table(curves: dict, trends: dict) -> list[str]:
     rows = []
     for label, points in curves.items():
         for q in points:
-            shape = f"{counted(q.setup.get('n_layers'), 'layer')}, {counted(q.setup.get('max_steps'), 'step')} ({q.report})"
+            steps = q.setup.get("max_steps")
+            # a report of a sweep still training measured earlier weights than its configured length: say which
+            length = (f"step {q.step} of {steps}" if steps is not None and q.step is not None and q.step < steps
+                      else counted(steps, "step"))
+            shape = f"{counted(q.setup.get('n_layers'), 'layer')}, {length} ({q.report})"
             rows.append([label, str(q.d_model), shape, str(len(q.ratios)), ", ".join(fmt(r, 3) for r in q.ratios),
                          fmt_stats(stats(q.ratios), 3), f"{q.n_separated}/{len(q.ratios)}"])
     lines = ["Each seed's final value / its null mean: 1 = at the null, below 1 = towards separated (each seed's p says "
