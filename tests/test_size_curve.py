@@ -153,3 +153,18 @@ def test_pe_verdict_by_size_says_what_it_could_not_fit_and_turns_bad_reports_int
     with pytest.raises(SystemExit):
         main([str(tmp_path / "a"), str(tmp_path / "b"), "--by-size"])
     assert "error: the reports are not sizes of one study" in capsys.readouterr().err
+
+
+def test_a_size_read_at_its_best_validation_checkpoint_says_so_with_each_seeds_step():
+    """A report made with pe-report --at best: its row names the steps, not the configured length as if run to it."""
+    from pe_geometry.analysis.report.markdown import size_curve_table
+
+    best = summary(256, {"learned": ([0.01, 0.012], [0.03125, 0.03125], [0.001, 0.001])})
+    best["setup"]["max_steps"] = 18400
+    best["verdict"][0]["at"] = "best"
+    best["verdict"][0]["input"]["overlap_k8"].update(step=4800, seed_steps=[4200, 4800])
+    curves = size_points([("d128", summary(128, {"learned": ([0.02], [0.0625], [0.001])})), ("d256", best)], "overlap_k8")
+    assert [q.at for q in curves["learned"]] == ["last", "best"] and curves["learned"][1].seed_steps == [4200, 4800]
+    rows = [line for line in size_curve_table(curves, {}) if line.startswith("| learned")]
+    assert "1800 steps (d128)" in rows[0]
+    assert "best val at steps 4200, 4800 of 18400 (d256)" in rows[1]

@@ -17,7 +17,7 @@ of the whole recipe, not of d_model alone.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +38,8 @@ class SizePoint:
     ratios: list[float]
     p: list[float]
     step: int | None = None  # the step of the weights the verdict measured (below max_steps while a sweep still runs)
+    at: str = "last"  # which checkpoint: "best" = each run's lowest validation loss (pe-report --at best)
+    seed_steps: list[int] = field(default_factory=list)  # the step each seed was measured at
 
     @property
     def d_model(self) -> int:
@@ -91,7 +93,7 @@ def size_points(reports: list[tuple[str, dict]], figure: str) -> dict[str, list[
             ratios, p = seed_ratios(name, v["label"], figure, f)
             if not ratios:
                 continue
-            point = SizePoint(v["label"], name, setup, ratios, p, f.get("step"))
+            point = SizePoint(v["label"], name, setup, ratios, p, f.get("step"), v.get("at", "last"), f.get("seed_steps", []))
             same = [q for q in curves.get(v["label"], []) if q.d_model == point.d_model]
             if same:
                 raise ValueError(f"arm {v['label']!r} at d_model {point.d_model} is in two reports ({same[0].report}, "

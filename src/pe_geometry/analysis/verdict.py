@@ -4,8 +4,10 @@ The training log records every input-level figure with a 100-draw null (enough f
 z-score, too coarse for a p-value: p cannot go below 2/101). A verdict re-measures the
 *final* weights of each run with ``REPORT_DRAWS`` (2000) Haar rotations of P, so a
 p-value can reach 1/1000, and writes the result to ``verdict.json`` in the run folder
-(reused while the checkpoint is unchanged). Then each arm (a report group: a PE type and
-its control switches) gets, per figure:
+(reused while the checkpoint is unchanged). ``at="best"`` measures ``checkpoints/best.ckpt``
+instead (the lowest validation loss: a run that overfits is read where it generalised best),
+cached in ``verdict_best.json``, and reads the logged hidden and attention figures at that
+step. Then each arm (a report group: a PE type and its control switches) gets, per figure:
 
 - the observed value and the null's mean, mean ± std over seeds;
 - the effect = observed - null mean, mean ± std over seeds (the seed spread);
@@ -42,6 +44,7 @@ from pe_geometry.data.cache import atomic_write_text
 log = logging.getLogger(__name__)
 _DATAMODULES: dict[str, object] = {}  # one datamodule per data config (a sweep's runs share one)
 VERDICT_FILE = "verdict.json"
+CHECKPOINTS = {"last": "last.ckpt", "best": "best.ckpt"}  # which weights a verdict measures: pe-report --at
 SIGNIFICANCE = 0.05
 # (figure, what it says, which side means "word and position rows separated")
 INPUT_FIGURES = [
@@ -55,13 +58,23 @@ INPUT_FIGURES = [
 # ----------------------------------------------------------------------------- one run
 
 
-def final_input_rows(run_dir: Path):
-    """(E, P, step) of a run's last checkpoint: the word rows and position rows the callback measured."""
+def verdict_file(at: str = "last") -> str:
+    return VERDICT_FILE if at == "last" else f"verdict_{at}.json"
+
+
+def checkpoint_at(run_dir: Path, at: str = "last") -> Path:
+    if at not in CHECKPOINTS:
+        raise ValueError(f"at={at!r}: expected one of {sorted(CHECKPOINTS)}")
+    return run_dir / "checkpoints" / CHECKPOINTS[at]
+
+
+def final_input_rows(run_dir: Path, checkpoint: Path | None = None):
+    """(E, P, step) of a run's checkpoint (default: its last): the word rows and position rows the callback measured."""
     import torch
 
     from pe_geometry.training.run_loader import load_trained_run  # torch + the model code: only when needed
 
-    run = load_trained_run(run_dir, datamodules=_DATAMODULES)  # a sweep's runs share one datamodule
+    run = load_trained_run(checkpoint or run_dir, datamodules=_DATAMODULES)  # a sweep's runs share one datamodule
     cfg, datamodule, model, step = run.config, run.datamodule, run.model, run.step
     if model.W_pos is None:
         return None, None, step
@@ -83,11 +96,12 @@ def final_input_rows(run_dir: Path):
     return E, P, step
 
 
-def run_null(run: Run, n_draws: int = REPORT_DRAWS, compute: bool = True) -> dict | None:
-    """The input figures of a run's final weights with an n_draws null; cached in <run>/verdict.json."""
+def run_null(run: Run, n_draws: int = REPORT_DRAWS, compute: bool = True, at: str = "last") -> dict | None:
+    """The input figures of a run's final (``at="best"``: best-validation) weights with an n_draws null; cached in
+    <run>/verdict.json (verdict_best.json)."""
     from pe_geometry.analysis.nulls import rotation_null
 
-    path, ckpt = run.path / VERDICT_FILE, run.path / "checkpoints" / "last.ckpt"
+    path, ckpt = run.path / verdict_file(at), checkpoint_at(run.path, at)
     if path.is_file():
         cached = json.loads(path.read_text())
         fresh = cached.get("n_draws") == n_draws and (not ckpt.is_file() or path.stat().st_mtime >= ckpt.stat().st_mtime)
@@ -95,7 +109,7 @@ def run_null(run: Run, n_draws: int = REPORT_DRAWS, compute: bool = True) -> dic
             return cached
     if not compute or not ckpt.is_file():
         return None
-    E, P, step = final_input_rows(run.path)
+    E, P, step = final_input_rows(run.path, ckpt)
     if E is None:
         result = {"step": step, "n_draws": n_draws, "figures": None}
     else:
@@ -120,11 +134,17 @@ def combine_seeds(observed: list[float], null_mean: list[float], p: list[float],
             "separation_side": side}
 
 
-def _logged(run: Run, key: str) -> float | None:
-    """The last logged value (None if the run never logged key)."""
-    if key not in run.series or not len(run.series[key][1]):
+def _upto(run: Run, key: str, step: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """A logged series up to and including ``step`` (all of it when None)."""
+    steps, values = run.series[key]
+    return (steps, values) if step is None else (steps[steps <= step], values[steps <= step])
+
+
+def _logged(run: Run, key: str, step: int | None = None) -> float | None:
+    """The last value logged (at or before ``step``); None if the run never logged key there."""
+    if key not in run.series or not len(_upto(run, key, step)[1]):
         return None
-    return float(run.series[key][1][-1])
+    return float(_upto(run, key, step)[1][-1])
 
 
 def _logged_init(run: Run, key: str) -> float | None:
@@ -135,18 +155,23 @@ def _logged_init(run: Run, key: str) -> float | None:
     return float(values[np.where(steps == 0)[0][0]]) if 0 in steps else None
 
 
-def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = True) -> dict:
-    """Every verdict figure of one arm (see the module docstring)."""
-    out: dict = {"label": group.label, "seeds": group.seeds, "n_draws": n_draws, "input": {}, "hidden": {}, "attn": {}}
-    nulls = []
+def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = True, at: str = "last") -> dict:
+    """Every verdict figure of one arm (see the module docstring), of each run's ``at`` checkpoint."""
+    out: dict = {"label": group.label, "seeds": group.seeds, "n_draws": n_draws, "at": at, "input": {}, "hidden": {}, "attn": {}}
+    nulls, at_step = [], {}
     for run in group.runs:
         try:
-            result = run_null(run, n_draws, compute)
+            result = run_null(run, n_draws, compute, at)
         except Exception as err:  # one broken run must not stop the report
             log.warning("%s: no verdict (%s: %s)", run.path, type(err).__name__, err)
             result = None
         if result and result.get("figures"):
             nulls.append((run, result))
+        if result and at != "last":
+            at_step[run.path] = int(result["step"])
+    # at="best": each run's logged figures are read at its best checkpoint's step, and a run without one is left out
+    runs = [r for r in group.runs if at == "last" or r.path in at_step]
+    upto = at_step.get
     for figure, _, side in INPUT_FIGURES:
         rows = [(r, res["figures"]) for r, res in nulls if figure in res["figures"]]
         if not rows:
@@ -156,30 +181,30 @@ def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = Tru
         init = [v for r, _ in rows if (v := _logged_init(r, names.input_metric(figure))) is not None]
         verdict["init"] = stats(init)
         verdict["step"] = max(res["step"] for _, res in nulls)
+        verdict["seed_steps"] = [int(res["step"]) for r, res in nulls if figure in res["figures"]]  # at="best": one per seed
         out["input"][figure] = verdict
 
     n_layers = n_layers_of(group)
     if n_layers:
         layer = names.last_block_input(n_layers)
         key = names.hidden_metric(layer, "position_r2")
-        per_seed = [(r, _logged(r, key), _logged(r, key + "_null_mean"), _logged(r, key + "_p"), _logged(r, key + "_z"))
-                    for r in group.runs]
+        per_seed = [(r, *(_logged(r, key + suffix, upto(r.path)) for suffix in ("", "_null_mean", "_p", "_z"))) for r in runs]
         per_seed = [row for row in per_seed if None not in row[1:]]
         if per_seed:
             verdict = combine_seeds([o for _, o, _, _, _ in per_seed], [m for _, _, m, _, _ in per_seed],
                                     [p for *_, p, _ in per_seed], [z for *_, z in per_seed], "greater")
             verdict["layer"] = layer
-            verdict["step"] = min(int(r.series[key][0][-1]) for r, *_ in per_seed)  # the last probe record
+            verdict["step"] = min(int(_upto(r, key, upto(r.path))[0][-1]) for r, *_ in per_seed)  # the last probe record
             verdict["init"] = stats([v for r, *_ in per_seed if (v := _logged_init(r, key)) is not None])
             out["hidden"]["position_r2"] = verdict
 
-    heads = [(r, _logged_init(r, names.N_POSITIONAL_HEADS_ALL_TERMS), _logged(r, names.N_POSITIONAL_HEADS_ALL_TERMS))
-             for r in group.runs]
+    heads = [(r, _logged_init(r, names.N_POSITIONAL_HEADS_ALL_TERMS), _logged(r, names.N_POSITIONAL_HEADS_ALL_TERMS, upto(r.path)))
+             for r in runs]
     heads = [h for h in heads if h[1] is not None and h[2] is not None]
     if heads:
         n_heads = int((group.runs[0].config.get("model") or {}).get("n_heads", 0))
         # the count saturates easily (every head above one half), so the share itself is shown beside it
-        shares = [[(_logged_init(r, k), _logged(r, k)) for h in range(n_heads)
+        shares = [[(_logged_init(r, k), _logged(r, k, upto(r.path))) for h in range(n_heads)
                    if (k := names.attention_share_metric(h, "positional")) in r.series] for r, *_ in heads]
         out["attn"]["n_positional_heads_all_terms"] = {
             "init": stats([h[1] for h in heads]), "end": stats([h[2] for h in heads]), "n_heads": n_heads, "n_seeds": len(heads),

@@ -4,6 +4,7 @@
     pe-report multirun/<date>/<time> --out some/dir
     pe-report RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis
     pe-report RUNS --no-extrapolation --no-pretrained      # fast: only what the runs logged
+    pe-report RUNS --at best                               # the verdict at each run's best-validation checkpoint
 
 What it writes: see analysis/report/build.py.
 """
@@ -36,12 +37,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-verdict", action="store_true",
                         help="do not re-measure final weights against the null (existing verdict.json files are still used)")
     parser.add_argument("--null-draws", type=int, default=None, help="Haar rotations per verdict null (default: 2000)")
+    parser.add_argument("--at", choices=["last", "best"], default="last",
+                        help="weights the verdict measures: last (default) or best = checkpoints/best.ckpt, the lowest val/loss")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with exit_on_missing_extra():
         summary = build_report(args.multirun, args.out, args.pretrained_json, extrapolation=not args.no_extrapolation,
                                pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers), max_batches=args.max_batches,
-                               verdict=not args.no_verdict, **({"null_draws": args.null_draws} if args.null_draws else {}))
+                               verdict=not args.no_verdict, at=args.at, **({"null_draws": args.null_draws} if args.null_draws else {}))
     print(f"report: {Path(args.out or args.multirun / 'report') / 'report.md'}")
     return summary
 

@@ -7,7 +7,7 @@
 
 Reads each report's summary.json (written by pe-report) and prints one set of markdown
 tables, a block of rows per report, in the order given. With --by-size the reports are
-sizes of one study: each arm (matched by label) gets its end / null ratio per seed at each
+sizes of one study: each arm (matched by label) gets its measured / null ratio per seed at each
 width and a fitted trend per doubling of d_model (analysis/size_curve.py).
 """
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> str:
                         help="input-level figures to show (default: all)")
     parser.add_argument("--compact", action="store_true", help="one row per arm (input figures only; reading from the first)")
     parser.add_argument("--by-size", action="store_true",
-                        help=f"the reports are sizes of one study: each arm's end / null ratio against d_model and its trend "
+                        help=f"the reports are sizes of one study: each arm's measured / null ratio against d_model and its trend "
                              f"(figures: {', '.join(SIZE_FIGURES)})")
     parser.add_argument("--plot", type=Path, default=None, help="with --by-size: write the curve to this PNG")
     args = parser.parse_args(argv)

@@ -242,6 +242,24 @@ class CheckpointSettings(TargetSettings):
     save_last: bool | Literal["link"] | None = what("true, false or 'link'", None)
 
 
+# What a monitored callback may watch: the metrics LanguageModelTask logs (a typo would otherwise fail at the first
+# validation, minutes into the run).
+Monitored = Literal["val/loss", "val/ppl", "train/loss"]
+
+
+class BestCheckpointSettings(CheckpointSettings):
+    """Lightning's ModelCheckpoint itself: callbacks=early_stop's best_checkpoint (monitor set) or a user's own."""
+    monitor: Monitored | None = what("one of ['val/loss', 'val/ppl', 'train/loss'], or null", None)
+    mode: Literal["min", "max"] = what("one of ['min', 'max']", "min")
+
+
+class EarlyStoppingSettings(TargetSettings):
+    monitor: Monitored = what("one of ['val/loss', 'val/ppl', 'train/loss']")
+    mode: Literal["min", "max"] = what("one of ['min', 'max']", "min")
+    patience: int = what("an integer >= 0 (validations without improvement before the stop)", 3, ge=0)
+    min_delta: float = what("a number >= 0", 0.0, ge=0, allow_inf_nan=False)
+
+
 class GeometrySettings(TargetSettings):
     every_n_steps: int = what("an integer >= 1", 100, ge=1)
     n_tokens: int = what("an integer >= 1", 1000, ge=1)
@@ -342,6 +360,8 @@ SETTINGS: dict[str, type[TargetSettings]] = {
     "pe_geometry.training.sample.SampleTextCallback": SampleSettings,
     "pe_geometry.training.throughput.TokenThroughputMonitor": ThroughputSettings,
     "lightning.pytorch.callbacks.LearningRateMonitor": LRMonitorSettings,
+    "lightning.pytorch.callbacks.ModelCheckpoint": BestCheckpointSettings,
+    "lightning.pytorch.callbacks.EarlyStopping": EarlyStoppingSettings,
     "lightning.pytorch.loggers.WandbLogger": WandbSettings,
 }
 # The optimisers we ship, by ``_target_``: their keys are checked as a group of their own (unknown keys refused).

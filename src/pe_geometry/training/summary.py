@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
 
 @runtime_checkable
 class SummaryLines(Protocol):
@@ -21,8 +23,20 @@ class SummaryLines(Protocol):
 
 
 def callback_lines(callbacks: Iterable) -> list[str]:
-    """Every line the callbacks offering ``summary_lines`` have to add, in callback order."""
-    return [line for callback in callbacks if isinstance(callback, SummaryLines) for line in callback.summary_lines()]
+    """Every line the callbacks offering ``summary_lines`` have to add, in callback order (and Lightning's own
+    early stop and best-checkpoint callbacks, which know nothing of the protocol)."""
+    return [line for callback in callbacks
+            for line in (callback.summary_lines() if isinstance(callback, SummaryLines) else lightning_lines(callback))]
+
+
+def lightning_lines(callback) -> list[str]:
+    """Whether an EarlyStopping ended the run, and where a ModelCheckpoint watching a metric kept its best."""
+    if isinstance(callback, EarlyStopping) and callback.wait_count >= max(callback.patience, 1):  # Lightning: >= patience
+        return [f"stopped early: {callback.monitor} had not improved for {callback.wait_count} validations "
+                f"(best {float(callback.best_score):.4f})"]
+    if isinstance(callback, ModelCheckpoint) and callback.monitor and callback.best_model_path:
+        return [f"best {callback.monitor} {float(callback.best_model_score):.4f}: {callback.best_model_path}"]
+    return []
 
 
 def run_summary(metrics: dict[str, float], callbacks: Iterable, output_dir: Path, wandb_dirs: list[list[Path]]) -> str:

@@ -4,6 +4,7 @@
     pe-report multirun/<date>/<time> --out some/dir
     pe-report RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis
     pe-report RUNS --no-extrapolation --no-pretrained      # fast: only what the runs logged
+    pe-report RUNS --at best                               # the verdict at each run's best-validation checkpoint
 
 Reads every run below the given directory (a run = a folder with ``config.yaml`` and
 ``csv/metrics.csv``), groups the runs by (model, PE type) and writes:
@@ -51,7 +52,7 @@ from pe_geometry.analysis.runs import (
     measure_summary,
     stats,
 )
-from pe_geometry.analysis.verdict import group_verdict
+from pe_geometry.analysis.verdict import CHECKPOINTS, checkpoint_at, group_verdict, verdict_file
 from pe_geometry.data.cache import atomic_write_text
 
 log = logging.getLogger("report")
@@ -131,7 +132,7 @@ def run_folder(run: Run, source: Path) -> str:
 
 
 def report_command(name: str, source: Path, out: Path, pretrained_json: Path | None, extrapolation: bool, pretrained: bool,
-                   multipliers: list[int], max_batches: int, verdict: bool, null_draws: int) -> str:
+                   multipliers: list[int], max_batches: int, verdict: bool, null_draws: int, at: str = "last") -> str:
     """The pe-report command line that writes this report again, with every option that changes what it holds."""
     words = ["pe-report", name]
     if out != source / "report":
@@ -150,7 +151,21 @@ def report_command(name: str, source: Path, out: Path, pretrained_json: Path | N
         words.append("--no-verdict")
     if null_draws != REPORT_DRAWS:
         words += ["--null-draws", str(null_draws)]
+    if at != "last":
+        words += ["--at", at]
     return " ".join(shlex.quote(w) for w in words)
+
+
+def check_checkpoints_at(runs: list[Run], at: str, compute: bool) -> None:
+    """Every run must have the checkpoint ``at`` names (or, without ``compute``, its cached verdict): a report with some
+    runs silently left out of the verdict would read as that many fewer seeds."""
+    missing = [r.path for r in runs
+               if not checkpoint_at(r.path, at).is_file() and not (not compute and (r.path / verdict_file(at)).is_file())]
+    if missing:
+        shown = ", ".join(str(p) for p in missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise SystemExit(f"error: --at {at}: no checkpoints/{CHECKPOINTS[at]} in {shown}. A run keeps one with "
+                         "callbacks.best_checkpoint (as experiment=dose_response_d256 does); for a run that kept step "
+                         "checkpoints, `python -m pe_geometry.analysis.best_checkpoint RUN` chooses it after training")
 
 
 def regenerate_commands(runs: list[Run], source: Path, name: str, pe_report: str) -> list[str]:
@@ -205,13 +220,17 @@ def build_report(
     max_batches: int = MAX_BATCHES,
     verdict: bool = True,
     null_draws: int = REPORT_DRAWS,
+    at: str = "last",
 ) -> dict:
-    """Read the runs under ``source``, write figures, report.md and summary.json to ``out``; returns the summary."""
+    """Read the runs under ``source``, write figures, report.md and summary.json to ``out``; returns the summary.
+    ``at="best"``: the verdict measures each run's ``checkpoints/best.ckpt`` instead of its last weights."""
     source = Path(source)
     out = Path(out) if out is not None else source / "report"
     runs = find_runs(source)
     if not runs:
         raise SystemExit(f"error: no runs under {source} (a run has config.yaml and csv/metrics.csv)")
+    if at != "last":
+        check_checkpoints_at(runs, at, verdict)
     out.mkdir(parents=True, exist_ok=True)
     multipliers = sorted({int(m) for m in multipliers})
     run_extrapolation(runs, multipliers, max_batches, compute=extrapolation)
@@ -236,7 +255,7 @@ def build_report(
 
     # The verdict re-measures each run's final weights with a null of null_draws rotations (cached per run);
     # without checkpoints (or with verdict=False) it reuses verdict.json files already in the runs.
-    verdicts = [group_verdict(g, null_draws, compute=verdict) for g in groups]
+    verdicts = [group_verdict(g, null_draws, compute=verdict, at=at) for g in groups]
     verdicts = [v for v in verdicts if v["input"] or v["hidden"] or v["attn"]]
     pre, pre_source = (load_pretrained(pretrained_json, out) if pretrained else (None, "skipped (--no-pretrained)"))
     tokens_rule = None
@@ -248,7 +267,7 @@ def build_report(
     # The folder is named by its own name only, the runs relative to it: the report reads the same on any machine.
     folder_name = source.resolve().name
     command = report_command(folder_name, source, out, pretrained_json, extrapolation, pretrained, multipliers, max_batches, verdict,
-                             null_draws)
+                             null_draws, at)
     data = ReportData(source=folder_name, generated=datetime.datetime.now().isoformat(timespec="seconds"), groups=groups,
                       families=families, summaries=summaries, figures=figures, extrapolation=ext_table,
                       multipliers=multipliers, pretrained=pre, pretrained_source=pre_source, tokens_rule=tokens_rule,
@@ -261,6 +280,7 @@ def build_report(
         "generated": data.generated,
         "regenerate": data.commands,
         "setup": run_setup(runs),
+        "at": at,
         "runs": [{"name": r.name, "dir": run_folder(r, source), "model": r.model, "pe": r.pe, "seed": r.seed,
                   "final_step": int(max((s[-1] for s, _ in r.series.values() if len(s)), default=0))} for r in runs],
         "groups": {

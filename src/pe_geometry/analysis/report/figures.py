@@ -342,8 +342,9 @@ def plot_size_curve(panels: list[tuple[str, dict]], path: Path) -> bool:
             for label, points in curves.items():
                 xs = [q.d_model for q in points]
                 ax.plot(xs, [geometric_mean(q.ratios) for q in points], "-", color=colours[label], lw=1.8)
-                for q in points:
-                    ax.plot([q.d_model] * len(q.ratios), q.ratios, "o", color=colours[label], ms=4, alpha=0.7)
+                for q in points:  # hollow: measured at the run's best-validation checkpoint, not at its end
+                    ax.plot([q.d_model] * len(q.ratios), q.ratios, "o", color=colours[label], ms=4, alpha=0.7,
+                            mfc="none" if q.at == "best" else colours[label])
             ax.axhline(1.0, color="black", ls="--", lw=1.2)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log", base=2)
@@ -353,9 +354,11 @@ def plot_size_curve(panels: list[tuple[str, dict]], path: Path) -> bool:
                 axis(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.set_xticks(widths, [str(d) for d in widths])
             ax.set_xlabel("d_model")
-            ax.set_ylabel("end / null mean")
+            ax.set_ylabel("measured / null mean")
             ax.set_title(textwrap.fill(title, 40))
         handles = [Line2D([], [], color=colours[lb], marker="o", lw=1.8, label=lb) for lb in labels]
+        if any(q.at == "best" for _, curves in panels for points in curves.values() for q in points):
+            handles.append(Line2D([], [], color="grey", marker="o", mfc="none", ls="none", label="at the best-validation step"))
         handles.append(Line2D([], [], color="black", ls="--", lw=1.2, label="the null (ratio 1)"))
         fig.legend(handles=handles, loc="outside right upper", frameon=False, title="arm (dots: seeds)")
         fig.savefig(path)

@@ -128,7 +128,11 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
         over_seeds = ("Effect = observed − null mean, mean ± std over seeds (the seed spread). Fisher p combines the seeds' "
                       f"p-values (is any seed off its null); the reading counts seeds with p < {verdict.SIGNIFICANCE} on the "
                       "side of the mean effect.")
-    lines = [f"Final weights of every run against the spectra-keeping null ({n_draws} Haar rotations of P relative to E; "
+    best = verdicts[0].get("at", "last") == "best"
+    weights = ("Each run's best-validation weights (checkpoints/best.ckpt: the lowest val/loss; hidden-state figures as "
+               "logged at that step)" if best else "Final weights of every run")
+    measured = "best val" if best else "end"
+    lines = [f"{weights} against the spectra-keeping null ({n_draws} Haar rotations of P relative to E; "
              f"two-sided p per seed, floor 2/(draws + 1) = {fmt(2 / (n_draws + 1), 2)}). {over_seeds} "
              "Step 0 = the logged value at initialisation.", ""]
     rows = []
@@ -139,11 +143,14 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
                 continue
             rows.append([v["label"], title, fmt_stats(f["init"]), fmt_stats(f["observed"]), fmt_stats(f["null_mean"]),
                          fmt_stats(f["effect"]), _p_list(f["p"]), fmt(f["fisher_p"], 2), verdict.reading(f)])
+            if best:  # which step each seed was read at
+                steps = f.get("seed_steps", [])
+                rows[-1][3] += f" ({'steps' if len(steps) > 1 else 'step'} {', '.join(str(s) for s in steps)})"
     if rows:
         lines += [f"{heading} C3, C4: word rows vs position rows (input level)", "",
                   "C3 says they are nearly orthogonal, C4 that training separates them: below the null on the overlaps and "
                   "|cos| (above it on the angle) = separated beyond what the two spectra give by themselves.", ""]
-        lines += md_table(["arm", "figure", "step 0", "end", "null mean", "effect", "p per seed", "Fisher p", "reading"], rows)
+        lines += md_table(["arm", "figure", "step 0", measured, "null mean", "effect", "p per seed", "Fisher p", "reading"], rows)
     rows = []
     for v in verdicts:
         f = v["hidden"].get("position_r2")
@@ -157,7 +164,7 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
                   f"Grouped-CV ridge R² on {position_probe or 'the validation blocks the runs logged'}; "
                   "null = each block's positions shifted cyclically; "
                   "p from the shifts the log recorded (its floor is 2/(shifts + 1), so read z too).", ""]
-        lines += md_table(["arm", "block", "step 0", "end", "null mean", "p per seed", "z per seed", "Fisher p", "reading"], rows)
+        lines += md_table(["arm", "block", "step 0", measured, "null mean", "p per seed", "z per seed", "Fisher p", "reading"], rows)
     rows = [[v["label"], fmt_stats(h["init"]), fmt_stats(h["end"]), fmt_stats(h.get("positional_share_init")),
              fmt_stats(h.get("positional_share_end")), str(h["n_heads"]), str(h["n_seeds"])]
             for v in verdicts if (h := v["attn"].get("n_positional_heads_all_terms"))]
@@ -195,7 +202,7 @@ def size_curve_table(curves: dict, trends: dict) -> list[str]:
     def counted(value, noun: str) -> str:
         return count(value, noun) if value is not None else f"mixed {noun}s"  # the report's runs differ
 
-    header = ["arm", "d_model", "shape (report)", "seeds", "end / null mean per seed", "mean ± sd",
+    header = ["arm", "d_model", "shape (report)", "seeds", "measured / null mean per seed", "mean ± sd",
               "seeds below the null (p < 0.05)"]
     rows = []
     for label, points in curves.items():
@@ -204,10 +211,13 @@ def size_curve_table(curves: dict, trends: dict) -> list[str]:
             # a report of a sweep still training measured earlier weights than its configured length: say which
             length = (f"step {q.step} of {steps}" if steps is not None and q.step is not None and q.step < steps
                       else counted(steps, "step"))
+            if q.at == "best":  # read where validation was lowest, one step per seed
+                length = f"best val at steps {', '.join(str(s) for s in q.seed_steps)} of {steps}"
             shape = f"{counted(q.setup.get('n_layers'), 'layer')}, {length} ({q.report})"
             rows.append([label, str(q.d_model), shape, str(len(q.ratios)), ", ".join(fmt(r, 3) for r in q.ratios),
                          fmt_stats(stats(q.ratios), 3), f"{q.n_separated}/{len(q.ratios)}"])
-    lines = ["Each seed's final value / its null mean: 1 = at the null, below 1 = towards separated (each seed's p says "
+    lines = ["Each seed's value (at the end of its run, or where the shape column says 'best val', at its lowest validation "
+             "loss) / its null mean: 1 = at the null, below 1 = towards separated (each seed's p says "
              "whether it is off its null).", ""]
     lines += md_table(header, rows)
     fits = [[label, ", ".join(str(d) for d in t["widths"]), f"{fmt(t['slope'], 3)} ± {fmt(t['se'], 2)}",

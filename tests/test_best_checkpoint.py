@@ -1,0 +1,149 @@
+"""The best-validation checkpoint: kept by a run's own callbacks (experiment=dose_response_d256), or chosen after
+training from its step checkpoints (analysis.best_checkpoint), and the verdict measured there (pe-report --at best)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pe_geometry.analysis.best_checkpoint import BEST_FILE, choose_best, early_stopping_choice, main
+from pe_geometry.analysis.runs import Run
+from pe_geometry.training.pipeline import train
+from pe_geometry.training.run_loader import RunLoadError
+from tests.conftest import compose_train_config, tiny_train_config
+
+# experiment=dose_response_d256's callbacks on the tiny model: validation at every checkpoint, a learning rate that
+# overfits 12k characters of Hamlet within a few dozen steps, so the early stop ends the run before max_steps
+EARLY_STOPPED = ["experiment=dose_response_d256", "trainer.max_steps=120", "trainer.val_check_interval=4",
+                 "callbacks.checkpoint.every_n_train_steps=4", "callbacks.early_stopping.patience=2", "optimizer.lr=3e-2",
+                 "~callbacks.geometry"]
+
+
+def test_early_stopping_choice_follows_lightnings_rule():
+    """Strictly lower improves (a tie does not), `patience` validations in a row without one stop the run; the choice
+    is the lowest loss before the stop, not the lowest overall."""
+    losses = [(4, 3.0), (8, 2.5), (12, 2.5), (16, 2.6), (20, 2.0)]
+    assert early_stopping_choice(losses, patience=2) == (8, 16)  # 12 ties, 16 is worse: stop; 20 is never seen
+    assert early_stopping_choice(losses, patience=3) == (20, None)  # the run would have gone on
+    assert early_stopping_choice([(4, 1.0), (8, 2.0)], patience=1) == (4, 8)
+    with pytest.raises(ValueError, match="patience=0"):
+        early_stopping_choice(losses, patience=0)
+
+
+@pytest.fixture(scope="module")
+def early_stopped_run(tmp_path_factory, tiny_corpus, cache_dir) -> Path:
+    tmp = tmp_path_factory.mktemp("early")
+    cfg = tiny_train_config(tmp, tiny_corpus, cache_dir, EARLY_STOPPED)
+    train(cfg)
+    return Path(cfg.paths.output_dir)
+
+
+def _state(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def test_the_run_stops_early_and_keeps_its_best_checkpoint(early_stopped_run):
+    best = _state(early_stopped_run / "checkpoints" / "best.ckpt")
+    last = _state(early_stopped_run / "checkpoints" / "last.ckpt")
+    assert last["global_step"] < 120, "the early stop never fired: the test no longer tests it"
+    assert best["global_step"] == last["global_step"] - 2 * 4  # patience 2 validations of 4 steps after the best
+    assert not list((early_stopped_run / "checkpoints").glob("best-v*.ckpt"))  # overwritten in place
+
+
+def test_choice_after_training_equals_the_live_callbacks(early_stopped_run, tmp_path):
+    """Validating the step checkpoints afterwards gives exactly the val/loss training logged, and the same
+    checkpoint and stopping step as Lightning's ModelCheckpoint(monitor=val/loss) and EarlyStopping."""
+    copy = tmp_path / "run"
+    shutil.copytree(early_stopped_run, copy)
+    live = _state(copy / "checkpoints" / "best.ckpt")
+    (copy / "checkpoints" / "best.ckpt").unlink()
+    result = choose_best(copy, patience=2)
+    assert result["best_step"] == live["global_step"]
+    assert result["stopped_at"] == _state(copy / "checkpoints" / "last.ckpt")["global_step"]
+    check = result["compared_with_logged"]
+    assert check["n_steps"] == len(result["val_loss"]) and check["max_abs_diff"] < 1e-6  # the same numbers as training
+    chosen = _state(copy / "checkpoints" / "best.ckpt")
+    assert chosen["global_step"] == live["global_step"]
+    for key, value in live["state_dict"].items():
+        assert torch.equal(chosen["state_dict"][key], value), key
+    assert json.loads((copy / BEST_FILE).read_text())["best_step"] == result["best_step"]
+
+
+def test_choosing_again_and_runs_without_step_checkpoints_are_refused(early_stopped_run, tmp_path, capsys):
+    with pytest.raises(RunLoadError, match="best.ckpt exists.*--force"):
+        choose_best(early_stopped_run)
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="no checkpoints/step<N>.ckpt"):
+        main([str(empty)])
+
+
+def test_report_at_best_measures_the_best_checkpoint(early_stopped_run, tmp_path):
+    """pe-report --at best: the verdict's weights are best.ckpt's (its step, its own cache file), the command line
+    says --at best, and a folder with a run lacking best.ckpt is refused by name instead of losing that seed."""
+    from pe_geometry.analysis.report import build_report
+    from pe_geometry.analysis.verdict import VERDICT_FILE, verdict_file
+
+    runs = tmp_path / "runs"
+    shutil.copytree(early_stopped_run, runs / "a")
+    best_step = _state(runs / "a" / "checkpoints" / "best.ckpt")["global_step"]
+    summary = build_report(runs, pretrained=False, extrapolation=False, null_draws=50, at="best")
+    [verdict] = summary["verdict"]
+    overlap = verdict["input"]["overlap_k8"]
+    assert verdict["at"] == "best" and summary["at"] == "best" and overlap["seed_steps"] == [best_step]
+    assert (runs / "a" / verdict_file("best")).is_file() and not (runs / "a" / VERDICT_FILE).is_file()
+    assert summary["regenerate"][-1].endswith("--at best")
+    report = (runs / "report" / "report.md").read_text()
+    assert "best-validation weights" in report and f"(step {best_step})" in report
+    at_end = build_report(runs, out=tmp_path / "end", pretrained=False, extrapolation=False, null_draws=50)
+    assert at_end["verdict"][0]["input"]["overlap_k8"]["seed_steps"] == [_state(runs / "a" / "checkpoints" / "last.ckpt")["global_step"]]
+    assert at_end["verdict"][0]["input"]["overlap_k8"]["observed"] != overlap["observed"]  # other weights, other figure
+
+    shutil.copytree(early_stopped_run, runs / "b")
+    (runs / "b" / "checkpoints" / "best.ckpt").unlink()
+    with pytest.raises(SystemExit, match=r"--at best: no checkpoints/best.ckpt in .*runs/b.*best_checkpoint RUN"):
+        build_report(runs, pretrained=False, extrapolation=False, null_draws=50, at="best")
+
+
+def test_logged_figures_are_read_at_the_measured_step():
+    """At the best checkpoint, a hidden-state figure is the last record at or before its step, not the run's end."""
+    from pe_geometry.analysis.verdict import _logged
+
+    run = Run(Path("r"), "decoder", "learned", 0, {}, {"m": (np.array([0, 200, 400, 600]), np.array([1.0, 2.0, 3.0, 4.0]))})
+    assert _logged(run, "m") == 4.0
+    assert _logged(run, "m", 400) == 3.0 and _logged(run, "m", 599) == 3.0
+    assert _logged(run, "m", -1) is None and _logged(run, "other", 400) is None
+
+
+def test_run_summary_says_the_run_stopped_early_and_where_its_best_checkpoint_is(tmp_path):
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from pe_geometry.training.summary import callback_lines
+
+    stop, best, steps = EarlyStopping(monitor="val/loss", patience=3), ModelCheckpoint(monitor="val/loss"), ModelCheckpoint()
+    stop.best_score, best.best_model_score, best.best_model_path = torch.tensor(3.79), torch.tensor(3.79), "ckpts/best.ckpt"
+    assert callback_lines([stop, best, steps]) == ["best val/loss 3.7900: ckpts/best.ckpt"]  # still improving: no stop line
+    stop.wait_count = 3
+    assert callback_lines([stop]) == ["stopped early: val/loss had not improved for 3 validations (best 3.7900)"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("callbacks.early_stopping.monitor=val/los",
+     "callbacks.early_stopping.monitor=val/los must be one of ['val/loss', 'val/ppl', 'train/loss']"),
+    ("callbacks.early_stopping.patience=-1", "callbacks.early_stopping.patience=-1 must be an integer >= 0"),
+    ("callbacks.best_checkpoint.mode=minimum", "callbacks.best_checkpoint.mode=minimum must be one of ['min', 'max']"),
+    ("+callbacks.early_stopping.patiense=3", "callbacks.early_stopping.patiense is not a setting of callbacks=early_stop"),
+])
+def test_bad_early_stop_settings_are_one_line_before_training(override, message):
+    """A monitored metric the task never logs would fail at the first validation, minutes into the run: refused first."""
+    from pe_geometry.training.schema import SchemaError, check_schema
+
+    cfg = compose_train_config(["callbacks=early_stop", override])
+    with pytest.raises(SchemaError, match=re.escape(message)):
+        check_schema(cfg, {"callbacks": "early_stop"})
