@@ -147,3 +147,74 @@ def test_bad_early_stop_settings_are_one_line_before_training(override, message)
     cfg = compose_train_config(["callbacks=early_stop", override])
     with pytest.raises(SchemaError, match=re.escape(message)):
         check_schema(cfg, {"callbacks": "early_stop"})
+
+
+
+@pytest.mark.parametrize("offset", [-4, 0, 4], ids=["before_the_best", "at_the_best", "after_the_best"])
+def test_a_resumed_run_in_a_moved_folder_stops_at_the_same_step_with_the_same_best(offset, early_stopped_run, tmp_path,
+                                                                                  tiny_corpus, cache_dir):
+    """ckpt_path=auto continues a stopped dose_response_d256 job: EarlyStopping's count and the best score come back
+    with the checkpoint, so the resumed run stops where the straight one did and keeps the same best.ckpt, also in a
+    moved run folder (Lightning's ModelCheckpoint forgets its best score there: resumed after the best, the next,
+    worse validation would have overwritten best.ckpt). The step checkpoints fall on validation steps (the grid the
+    sweep uses): saved before that validation, the resume skipped it and the early stop lost a count; saved before the
+    best checkpoint took in that validation, the resume at the best forgot that it was one."""
+    from tests.test_reliability import assert_same_series, read_run_rows
+
+    straight = _state(early_stopped_run / "checkpoints" / "best.ckpt")
+    stop_step = _state(early_stopped_run / "checkpoints" / "last.ckpt")["global_step"]
+    resume_at = straight["global_step"] + offset
+    assert 4 <= resume_at < stop_step
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, EARLY_STOPPED)
+    run = Path(cfg.paths.output_dir)
+    shutil.copytree(early_stopped_run, run)  # another folder: the run has moved
+    ckpts = run / "checkpoints"
+    for path in ckpts.iterdir():  # the folder as a kill right after step `resume_at` leaves it
+        step = int(m.group(1)) if (m := re.fullmatch(r"step0*(\d+)\.ckpt", path.name)) else None
+        if (step is None and not (path.name == "best.ckpt" and offset >= 0)) or (step is not None and step > resume_at):
+            path.unlink()
+    shutil.copy(ckpts / f"step{resume_at:06d}.ckpt", ckpts / "last.ckpt")
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*EARLY_STOPPED, f"ckpt_path={ckpts / 'last.ckpt'}"]))
+    assert _state(ckpts / "last.ckpt")["global_step"] == stop_step
+    resumed = _state(ckpts / "best.ckpt")
+    assert resumed["global_step"] == straight["global_step"]
+    for key, value in straight["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][key], value), key
+    assert_same_series(read_run_rows(run), read_run_rows(early_stopped_run))
+
+
+def test_rebased_checkpoint_state_moves_only_paths_inside_the_old_folder():
+    from pe_geometry.training.callbacks import rebase_paths
+
+    state = {"dirpath": "/old/run/checkpoints", "best_model_path": "/old/run/checkpoints/best.ckpt", "best_model_score": 3.79,
+             "kth_best_model_path": "", "last_model_path": "/elsewhere/last.ckpt",
+             "best_k_models": {"/old/run/checkpoints/best.ckpt": 3.79}}
+    moved = rebase_paths(state, Path("/old/run/checkpoints"), Path("/new/place/checkpoints"))
+    assert moved == {**state, "dirpath": "/new/place/checkpoints", "best_model_path": "/new/place/checkpoints/best.ckpt",
+                     "best_k_models": {"/new/place/checkpoints/best.ckpt": 3.79}}
+
+
+def test_best_checkpoint_restores_the_state_lightnings_modelcheckpoint_saved():
+    """Runs started with lightning's ModelCheckpoint as callbacks.best_checkpoint resume into BestCheckpoint."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from pe_geometry.training.callbacks import BestCheckpoint
+
+    settings = {"dirpath": "/r/checkpoints", "filename": "best", "monitor": "val/loss", "mode": "min", "save_top_k": 1}
+    assert BestCheckpoint(**settings).state_key == ModelCheckpoint(**settings).state_key
+
+
+def test_resuming_a_run_that_stopped_early_trains_no_further(early_stopped_run, tmp_path, tiny_corpus, cache_dir):
+    """ckpt_path=auto on a sweep resumes its finished jobs too: one that stopped early ends again at once (Lightning's
+    EarlyStopping would have trained on to the next validation, past the step it stopped at)."""
+    from tests.test_reliability import read_run_rows
+
+    stopped = _state(early_stopped_run / "checkpoints" / "last.ckpt")
+    assert stopped["global_step"] < 120
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, EARLY_STOPPED)
+    run = Path(cfg.paths.output_dir)
+    shutil.copytree(early_stopped_run, run)
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*EARLY_STOPPED, "ckpt_path=auto"]))
+    assert _state(run / "checkpoints" / "last.ckpt")["global_step"] == stopped["global_step"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted(p.name for p in (early_stopped_run / "checkpoints").iterdir())
+    assert max(int(r["step"]) for r in read_run_rows(run)) == max(int(r["step"]) for r in read_run_rows(early_stopped_run))

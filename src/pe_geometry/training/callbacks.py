@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -64,6 +64,7 @@ class StepCheckpoint(ModelCheckpoint):
 
     - With ``every_n_train_steps`` set, Lightning only saves on those steps, so a run
       of 1000 steps checkpointed every 300 would end with step 900 as "last".
+    - A step that validates is saved after its validation (see ``on_train_batch_end``).
     - A stop signal (Ctrl-C, a scheduler's SIGTERM, SIGUSR1/SIGUSR2 before a time limit) saves
       ``last.ckpt`` before exiting (``training.interrupt.GracefulStop`` stops between steps). Any other
       error (a NaN loss, say) keeps the last good checkpoint.
@@ -76,6 +77,17 @@ class StepCheckpoint(ModelCheckpoint):
         # rather than writing step...-v1.ckpt and last-v1.ckpt beside a stale last.ckpt.
         kwargs.setdefault("enable_version_counter", False)
         super().__init__(*args, **kwargs)
+        self._deferred_step: int | None = None  # a grid step whose save waits for its validation
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        # A step checkpoint on a step that validates is saved after that validation, not before it: Lightning's
+        # resume from a checkpoint saved before its step's validation skips that validation, so what the validation
+        # changes (EarlyStopping's count, the best val/loss of callbacks=early_stop, the metrics row) would be lost and
+        # the resumed run would stop elsewhere. Saved after it, the resume skips a validation that is in the checkpoint.
+        if self._on_grid(trainer) and validates_after_this_batch(trainer):
+            self._deferred_step = trainer.global_step
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
@@ -83,6 +95,11 @@ class StepCheckpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
+        if self._deferred_step == trainer.global_step and not self._should_skip_saving_checkpoint(trainer):
+            self._deferred_step = None
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
         # A run stopping after this validation (GracefulStop raised the flag) saves here, where Lightning's own
         # after-validation checkpoints are taken: their resume skips the finished validation and counts the
         # logging step on by one. Saved later, on the exception, Lightning had already counted that step, the
@@ -100,6 +117,11 @@ class StepCheckpoint(ModelCheckpoint):
         if self._save_last_if_new(trainer):
             log.warning("interrupted at step %d: saved last.ckpt in %s", trainer.global_step, self.dirpath)
 
+    def _on_grid(self, trainer: L.Trainer) -> bool:
+        """This step is one of ``every_n_train_steps`` (a time-based interval is left to Lightning)."""
+        return (self._train_time_interval is None and self._every_n_train_steps >= 1
+                and trainer.global_step % self._every_n_train_steps == 0)
+
     def _save_last_if_new(self, trainer: L.Trainer) -> bool:
         """Save ``last.ckpt`` unless this step is saved already; True if it saved.
 
@@ -111,6 +133,83 @@ class StepCheckpoint(ModelCheckpoint):
             return False
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         return True
+
+
+def validates_after_this_batch(trainer: L.Trainer) -> bool:
+    """Whether the fit loop runs a validation right after the training batch that just ended (Lightning's own
+    decision, checked against Lightning 2.6.0 and 2.6.6: private API, like ``_save_last_checkpoint`` above)."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    return (trainer.state.fn == "fit" and not getattr(epoch_loop, "_skip_next_val", False)
+            and bool(epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)))
+
+
+def lightning_state_key(callback, lightning_name: str) -> str:
+    """``callback.state_key`` under the name of the Lightning class it extends: Lightning's key names the class, and
+    runs configured with Lightning's own class (checkpoints written before the subclass) must restore into it."""
+    key = super(type(callback), callback).state_key
+    return lightning_name + key.removeprefix(type(callback).__qualname__)
+
+
+class EarlyStop(EarlyStopping):
+    """Lightning's EarlyStopping, which a resume does not restart: a run whose last checkpoint was saved after the
+    validation that stopped it (``StepCheckpoint`` saves after a step's validation) ends again at once, instead of
+    training on until the next validation (``ckpt_path=auto`` on a sweep resumes its finished jobs too)."""
+
+    @property
+    def state_key(self) -> str:
+        return lightning_state_key(self, "EarlyStopping")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if self.patience >= 1 and self.wait_count >= self.patience:
+            trainer.should_stop = True
+            log.warning("this run stopped early at step %d (%s had not improved for %d validations): nothing to continue",
+                        trainer.global_step, self.monitor, self.wait_count)
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint on a monitored metric (``callbacks=early_stop``: the lowest val/loss in ``best.ckpt``) that
+    keeps its best score when the run folder has moved.
+
+    Lightning's own forgets ``best_model_score`` on a resume whose ``dirpath`` differs from the checkpoint's, so the
+    first validation after it would overwrite ``best.ckpt`` with whatever it scored. A run folder may be moved and
+    resumed in its new place (the resume follows the folder), so the saved paths inside the old folder are rebased
+    onto the new one first. ``best.ckpt`` is overwritten in place (no ``best-v1.ckpt``).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("enable_version_counter", False)
+        super().__init__(*args, **kwargs)
+
+    @property
+    def state_key(self) -> str:
+        return lightning_state_key(self, "ModelCheckpoint")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        old = state_dict.get("dirpath")
+        if old and self.dirpath and old != self.dirpath:
+            state_dict = rebase_paths(state_dict, Path(old), Path(self.dirpath))
+        super().load_state_dict(state_dict)
+
+
+def rebase_paths(state: dict[str, Any], old: Path, new: Path) -> dict[str, Any]:
+    """A ModelCheckpoint state with every path inside ``old`` moved under ``new`` (paths elsewhere kept)."""
+
+    def moved(path):
+        if not path:
+            return path
+        try:
+            return str(new / Path(path).relative_to(old))
+        except ValueError:
+            return path
+
+    out = {**state, "dirpath": str(new)}
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in out:
+            out[key] = moved(out[key])
+    if "best_k_models" in out:
+        out["best_k_models"] = {moved(path): score for path, score in out["best_k_models"].items()}
+    return out
 
 
 class _CrashSafeMetricsWriter(ExperimentWriter):

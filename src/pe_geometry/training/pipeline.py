@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 from pe_geometry.data.cache import atomic_write_text  # noqa: E402
 from pe_geometry.extras import without_unavailable_loggers  # noqa: E402
 from pe_geometry.training import wandb_run  # noqa: E402
-from pe_geometry.training.callbacks import AtomicCheckpointIO, remove_partial_writes  # noqa: E402
+from pe_geometry.training.callbacks import AtomicCheckpointIO, StepCheckpoint, remove_partial_writes  # noqa: E402
 from pe_geometry.training.interrupt import GracefulStop  # noqa: E402
 from pe_geometry.training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
 from pe_geometry.training.run_config import RunConfigInCheckpoint, apply_resume_config, saved_run_config  # noqa: E402
@@ -224,6 +224,10 @@ def build_callbacks(cfg: DictConfig, run_config: dict, has_logger: bool, choices
     callbacks = _instantiate_all(cfg.callbacks)
     if not has_logger:  # logger=none: the LR monitor would stop the run for want of somewhere to write
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
+    # The step checkpoint last (Lightning keeps the order among checkpoint callbacks): it saves after its step's
+    # validation, so it must hold what every other callback made of that validation (the early stop's count, the
+    # best val/loss of callbacks=early_stop).
+    callbacks.sort(key=lambda cb: isinstance(cb, StepCheckpoint))
     if cfg.trainer.get("enable_model_summary", True):
         callbacks.append(ParameterSummary())
     # GracefulStop turns SIGTERM/Ctrl-C into a stop between optimiser steps, so the saved checkpoint is exact

@@ -361,7 +361,9 @@ SETTINGS: dict[str, type[TargetSettings]] = {
     "pe_geometry.training.throughput.TokenThroughputMonitor": ThroughputSettings,
     "lightning.pytorch.callbacks.LearningRateMonitor": LRMonitorSettings,
     "lightning.pytorch.callbacks.ModelCheckpoint": BestCheckpointSettings,
+    "pe_geometry.training.callbacks.BestCheckpoint": BestCheckpointSettings,
     "lightning.pytorch.callbacks.EarlyStopping": EarlyStoppingSettings,
+    "pe_geometry.training.callbacks.EarlyStop": EarlyStoppingSettings,
     "lightning.pytorch.loggers.WandbLogger": WandbSettings,
 }
 # The optimisers we ship, by ``_target_``: their keys are checked as a group of their own (unknown keys refused).
