@@ -54,6 +54,22 @@ def test_the_run_stops_early_and_keeps_its_best_checkpoint(early_stopped_run):
     assert last["global_step"] < 120, "the early stop never fired: the test no longer tests it"
     assert best["global_step"] == last["global_step"] - 2 * 4  # patience 2 validations of 4 steps after the best
     assert not list((early_stopped_run / "checkpoints").glob("best-v*.ckpt"))  # overwritten in place
+    # every grid step has its file, each saved after its step's validation (the deferred save never went missing)
+    steps = range(4, last["global_step"] + 1, 4)
+    assert sorted(p.name for p in (early_stopped_run / "checkpoints").glob("step*.ckpt")) == [f"step{s:06d}.ckpt" for s in steps]
+    [stop_state] = [v for k, v in last["callbacks"].items() if k.startswith("EarlyStopping")]
+    assert stop_state["wait_count"] == 2  # the stopping validation is in the last checkpoint
+    val = {int(r["step"]) + 1: float(r["val/loss"]) for r in _rows(early_stopped_run) if r.get("val/loss")}
+    for step in steps:
+        [best_state] = [v for k, v in _state(early_stopped_run / "checkpoints" / f"step{step:06d}.ckpt")["callbacks"].items()
+                        if k.startswith("ModelCheckpoint{'monitor': 'val/loss'")]
+        assert float(best_state["best_model_score"]) == pytest.approx(min(v for s, v in val.items() if s <= step)), step
+
+
+def _rows(run: Path) -> list[dict]:
+    from tests.test_reliability import read_run_rows
+
+    return read_run_rows(run)
 
 
 def test_choice_after_training_equals_the_live_callbacks(early_stopped_run, tmp_path):
@@ -196,12 +212,13 @@ def test_rebased_checkpoint_state_moves_only_paths_inside_the_old_folder():
 
 def test_best_checkpoint_restores_the_state_lightnings_modelcheckpoint_saved():
     """Runs started with lightning's ModelCheckpoint as callbacks.best_checkpoint resume into BestCheckpoint."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-    from pe_geometry.training.callbacks import BestCheckpoint
+    from pe_geometry.training.callbacks import BestCheckpoint, EarlyStop
 
     settings = {"dirpath": "/r/checkpoints", "filename": "best", "monitor": "val/loss", "mode": "min", "save_top_k": 1}
     assert BestCheckpoint(**settings).state_key == ModelCheckpoint(**settings).state_key
+    assert EarlyStop(monitor="val/loss").state_key == EarlyStopping(monitor="val/loss").state_key
 
 
 def test_resuming_a_run_that_stopped_early_trains_no_further(early_stopped_run, tmp_path, tiny_corpus, cache_dir):
@@ -218,3 +235,49 @@ def test_resuming_a_run_that_stopped_early_trains_no_further(early_stopped_run, 
     assert _state(run / "checkpoints" / "last.ckpt")["global_step"] == stopped["global_step"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted(p.name for p in (early_stopped_run / "checkpoints").iterdir())
     assert max(int(r["step"]) for r in read_run_rows(run)) == max(int(r["step"]) for r in read_run_rows(early_stopped_run))
+
+
+def test_early_stop_on_resume_ends_a_stopped_run_unless_given_more_patience():
+    """The count (or, where Lightning records it, a threshold/non-finite stop) says the run had stopped; the configured
+    patience wins over the checkpoint's, so `callbacks.early_stopping.patience=5` on a resume continues the run."""
+    from types import SimpleNamespace
+
+    from pe_geometry.training.callbacks import EarlyStop
+
+    saved = EarlyStop(monitor="val/loss", patience=3)
+    saved.wait_count, saved.best_score = 3, torch.tensor(3.79)
+    state = saved.state_dict()
+
+    def resumed(patience: int) -> bool:
+        stop = EarlyStop(monitor="val/loss", patience=patience)
+        stop.load_state_dict(state)
+        trainer = SimpleNamespace(should_stop=False, global_step=4200)
+        stop.on_train_start(trainer, None)
+        return trainer.should_stop
+
+    assert resumed(3) and not resumed(5)
+    state["wait_count"] = 1
+    assert not resumed(3)
+    if "stopping_reason" in state:  # Lightning >= 2.6.x records why it stopped
+        from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+
+        state["stopping_reason"] = EarlyStoppingReason.NON_FINITE_METRIC.value
+        assert resumed(3)
+
+
+def test_a_resume_at_a_grid_step_with_gradient_accumulation_does_not_save_that_step_again(tmp_path, tiny_corpus, cache_dir):
+    """Lightning forgets which step it saved last: the first micro-batch after a resume at step N still has
+    global_step N and saved step N again, mid-step (a resume from that file would have skipped half a step)."""
+    args = ["trainer.max_steps=6", "trainer.accumulate_grad_batches=2", "trainer.val_check_interval=6",
+            "callbacks.checkpoint.every_n_train_steps=2", "~callbacks.geometry"]
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, args)
+    train(cfg)
+    ckpts = Path(cfg.paths.output_dir) / "checkpoints"
+    straight = _state(ckpts / "last.ckpt")
+    saved = (ckpts / "step000002.ckpt").read_bytes()
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*args, f"ckpt_path={ckpts / 'step000002.ckpt'}"]))
+    assert (ckpts / "step000002.ckpt").read_bytes() == saved
+    resumed = _state(ckpts / "last.ckpt")
+    assert resumed["global_step"] == 6
+    for key, value in straight["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][key], value), key

@@ -89,6 +89,12 @@ class StepCheckpoint(ModelCheckpoint):
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # Lightning does not keep which step it saved last: after a resume at a grid step, the first micro-batch of the
+        # next step (gradient accumulation) still has that global_step and would save it again, mid-step.
+        self._last_global_step_saved = max(self._last_global_step_saved, trainer.global_step)
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         self._save_last_if_new(trainer)
@@ -137,34 +143,50 @@ class StepCheckpoint(ModelCheckpoint):
 
 def validates_after_this_batch(trainer: L.Trainer) -> bool:
     """Whether the fit loop runs a validation right after the training batch that just ended (Lightning's own
-    decision, checked against Lightning 2.6.0 and 2.6.6: private API, like ``_save_last_checkpoint`` above)."""
+    decision, checked against Lightning 2.6.0 and 2.6.6: private API, like ``_save_last_checkpoint`` above). A
+    validation split without a whole batch never reaches ``on_validation_end``: no validation, as Lightning's
+    ModelCheckpoint decides for its own deferred save."""
     epoch_loop = trainer.fit_loop.epoch_loop
+    val_batches = trainer.num_val_batches
     return (trainer.state.fn == "fit" and not getattr(epoch_loop, "_skip_next_val", False)
+            and sum(val_batches if isinstance(val_batches, list) else [val_batches]) > 0
             and bool(epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)))
 
 
-def lightning_state_key(callback, lightning_name: str) -> str:
+def lightning_state_key(callback, lightning_class: type) -> str:
     """``callback.state_key`` under the name of the Lightning class it extends: Lightning's key names the class, and
     runs configured with Lightning's own class (checkpoints written before the subclass) must restore into it."""
-    key = super(type(callback), callback).state_key
-    return lightning_name + key.removeprefix(type(callback).__qualname__)
+    key = lightning_class.state_key.fget(callback)
+    return lightning_class.__qualname__ + key.removeprefix(type(callback).__qualname__)
 
 
 class EarlyStop(EarlyStopping):
     """Lightning's EarlyStopping, which a resume does not restart: a run whose last checkpoint was saved after the
     validation that stopped it (``StepCheckpoint`` saves after a step's validation) ends again at once, instead of
-    training on until the next validation (``ckpt_path=auto`` on a sweep resumes its finished jobs too)."""
+    training on until the next validation (``ckpt_path=auto`` on a sweep resumes its finished jobs too). The configured
+    ``patience`` wins over the checkpoint's, so a resume with a larger one continues a stopped run."""
 
     @property
     def state_key(self) -> str:
-        return lightning_state_key(self, "EarlyStopping")
+        return lightning_state_key(self, EarlyStopping)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        patience = self.patience
+        super().load_state_dict(state_dict)
+        self.patience = patience
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        if self.patience >= 1 and self.wait_count >= self.patience:
+        if self.wait_count >= max(self.patience, 1) or self._stopped_on_a_threshold():
             trainer.should_stop = True
             log.warning("this run stopped early at step %d (%s had not improved for %d validations): nothing to continue",
                         trainer.global_step, self.monitor, self.wait_count)
+
+    def _stopped_on_a_threshold(self) -> bool:
+        """A stop on a non-finite value or a threshold, which leaves the count below patience (Lightning >= 2.6 records
+        why it stopped; older ones do not, and then only the count says)."""
+        reason = getattr(self, "stopping_reason", None)
+        return reason is not None and reason.name in ("STOPPING_THRESHOLD", "DIVERGENCE_THRESHOLD", "NON_FINITE_METRIC")
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -183,7 +205,7 @@ class BestCheckpoint(ModelCheckpoint):
 
     @property
     def state_key(self) -> str:
-        return lightning_state_key(self, "ModelCheckpoint")
+        return lightning_state_key(self, ModelCheckpoint)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         old = state_dict.get("dirpath")
