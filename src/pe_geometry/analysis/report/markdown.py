@@ -174,7 +174,7 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
                   "initialisation it is already high for an input table (three of the four cross terms involve position), "
                   "so the reference is step 0, not 0. Every family is on this axis: for one acting inside attention the "
                   "position term is the encoding's own (a rotation's change to q·k, a score bias; NoPE 0).", ""]
-        lines += md_table(["arm", "positional heads, step 0", "end", "positional share, step 0", "end", "heads", "n seeds"], rows)
+        lines += md_table(["arm", "positional heads, step 0", measured, "positional share, step 0", measured, "heads", "n seeds"], rows)
     return lines
 
 
