@@ -160,6 +160,11 @@ def lightning_state_key(callback, lightning_class: type) -> str:
     return lightning_class.__qualname__ + key.removeprefix(type(callback).__qualname__)
 
 
+def ran_out_of_patience(callback: EarlyStopping) -> bool:
+    """Lightning's rule: stopped once ``patience`` validations in a row (at least one) did not improve."""
+    return callback.wait_count >= max(callback.patience, 1)
+
+
 class EarlyStop(EarlyStopping):
     """Lightning's EarlyStopping, which a resume does not restart: a run whose last checkpoint was saved after the
     validation that stopped it (``StepCheckpoint`` saves after a step's validation) ends again at once, instead of
@@ -177,7 +182,7 @@ class EarlyStop(EarlyStopping):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        if self.wait_count >= max(self.patience, 1) or self._stopped_on_a_threshold():
+        if ran_out_of_patience(self) or self._stopped_on_a_threshold():
             trainer.should_stop = True
             log.warning("this run stopped early at step %d (%s had not improved for %d validations): nothing to continue",
                         trainer.global_step, self.monitor, self.wait_count)

@@ -14,6 +14,8 @@ from typing import Protocol, runtime_checkable
 
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
+from pe_geometry.training.callbacks import ran_out_of_patience
+
 
 @runtime_checkable
 class SummaryLines(Protocol):
@@ -31,7 +33,7 @@ def callback_lines(callbacks: Iterable) -> list[str]:
 
 def lightning_lines(callback) -> list[str]:
     """Whether an EarlyStopping ended the run, and where a ModelCheckpoint watching a metric kept its best."""
-    if isinstance(callback, EarlyStopping) and callback.wait_count >= max(callback.patience, 1):  # Lightning: >= patience
+    if isinstance(callback, EarlyStopping) and ran_out_of_patience(callback):
         return [f"stopped early: {callback.monitor} had not improved for {callback.wait_count} validations "
                 f"(best {float(callback.best_score):.4f})"]
     if isinstance(callback, ModelCheckpoint) and callback.monitor and callback.best_model_path:
