@@ -13,8 +13,9 @@ whole window brings it under 1 %). RoPE runs are also scored with each inference
 (``--scalings``; factor = the length multiplier, so a 4x window is scaled by 4). Writes:
 
 - ``extrapolation.json``: every run's losses, errors and ratios, and the protocol;
-- ``extrapolation.md``: per family, loss at 1x and the ratio to 1x at each length (mean +- sd over seeds),
-  beside the ratios the ALiBi paper published (WikiText-103, trained at 1024 tokens);
+- ``extrapolation.md``: per family, loss at 1x and the ratio to 1x at each length (mean +- sd over seeds), the
+  perplexity ratio exp(mean loss difference) with its seed range, beside the ratios the ALiBi paper published
+  (WikiText-103, trained at 1024 tokens);
 - ``extrapolation.png``: loss vs length (log x-axis), one line per family, min-max band over seeds;
 - beside them, where each family puts position in the attention (``analysis.position_attention``, at the training
   length): block 0's positional share of score variance and every head's attention distance, as a second table and
@@ -66,6 +67,32 @@ ATTENTION_NOTE = (
     "in brackets. Mean +- sd over seeds.")
 
 
+FLAT_NOTE = (
+    "Reading the ratios: a model that reads nothing past its training length scores a little below 1, not 1 (0.994 "
+    "for RoPE with a 32-token window, the flattest arm): at 1x the first targets of a window have less than a training "
+    "length of text before them, at 2x and beyond every target has a full one. The perplexity ratio (the published "
+    "figures' unit) is exp of the seeds' mean loss difference, with exp of the smallest and largest seed's difference "
+    "in brackets.")
+
+
+def uncertainty_note(summary: dict[str, dict], worst_rel_se: float) -> str:
+    """Which error bounds a ratio: the evaluation's (windows) or the seeds'. Their ratio over every trained family and
+    length past 1x."""
+    folds = [c["ratio_sd"] / c["ratio_se_mean"] for s in summary.values() for c in s["lengths"].values()
+             if c.get("ratio_se_mean") and "ratio_sd" in c]
+    text = f"Largest standard error of a run's loss (over windows): {100 * worst_rel_se:.2f} % of the loss."
+    if folds:
+        text += (f" The seeds' spread of a ratio (the ± in the table) is {np.median(folds):.0f}x its evaluation error "
+                 f"(the standard error of the ratio, paired by window, mean over seeds), median over every trained "
+                 f"family and length ({min(folds):.1f}x to {max(folds):.0f}x): the seeds, not the evaluation, set how "
+                 "well a ratio is known.")
+    return text
+
+
+def relabel_note(relabel: dict[str, str]) -> str:
+    return ("; renamed: " + ", ".join(f"'{old}' is '{new}'" for old, new in relabel.items())) if relabel else ""
+
+
 def run_dirs(folders: list[Path]) -> list[Path]:
     """Every run folder (one with checkpoints/last.ckpt) under the given sweep folders or run folders."""
     found = []
@@ -78,8 +105,8 @@ def run_dirs(folders: list[Path]) -> list[Path]:
     return found
 
 
-def attention_variant(config) -> str:
-    """How a run's attention differs from plain multi-head attention, as a label suffix: '' or ' (window 32, logn)'."""
+def attention_variant(config) -> list[str]:
+    """How a run's attention differs from plain multi-head attention, as label parts: [] or ['window 32', 'logn']."""
     attention = config.get("attention") or {}
     parts = []
     if attention.get("n_kv_heads") not in (None, config.model.get("n_heads")):
@@ -90,7 +117,47 @@ def attention_variant(config) -> str:
         parts.append(f"window {attention.window}")
     if attention.get("logn_scaling"):
         parts.append("logn")
-    return f" ({', '.join(parts)})" if parts else ""
+    return parts
+
+
+# Keys of a PE that change what is trained, not how a trained model is read: they never name an arm.
+READ_ONLY_PE_KEYS = {"_target_", "_partial_", "max_len", "scaling", "scaling_factor", "training_length", "yarn_alpha",
+                     "yarn_beta", "yarn_attention_factor"}
+
+
+def pe_variant(config) -> list[str]:
+    """How a run's position encoding and embedding differ from the family's defaults, as label parts.
+
+    The defaults are the schema's (``training.schema.SETTINGS``), so a run trained with ``pe.max_distance=64`` is
+    'max_distance 64' and one trained at the defaults adds nothing. A sinusoidal table always says how it sits
+    against the word vectors: 'raw table' (added as the formula gives it, ~35x the word rows' norm at d 64 with
+    embedding=plain), 'word-norm table' (pe.scale=word_norm) or with the embedding x sqrt(d_model) of the original
+    Transformer (embedding=scaled)."""
+    from pe_geometry.training.schema import SETTINGS
+
+    pe_node, parts = config.get("pe") or {}, []
+    settings = SETTINGS.get(str(pe_node.get("_target_", "")))
+    embedding_scaled = bool((config.get("embedding") or {}).get("scaled", False))
+    if str(pe_node.get("_target_", "")).endswith("SinusoidalPE"):
+        parts.append("word-norm table" if pe_node.get("scale") == "word_norm"
+                     else "embedding x sqrt(d)" if embedding_scaled else "raw table")
+    elif embedding_scaled:
+        parts.append("embedding x sqrt(d)")
+    if settings is not None:
+        defaults = {name: field.default for name, field in settings.model_fields.items()}
+        for key, value in pe_node.items():
+            if key in READ_ONLY_PE_KEYS or key not in defaults or (key == "scale" and parts[:1] == ["word-norm table"]):
+                continue
+            if value != defaults[key]:
+                parts.append(f"{key} {value}")
+    return parts
+
+
+def arm_label(pe: str, config) -> str:
+    """A run's arm: its ``pe=`` option with what sets it apart, e.g. 'rope (window 32)', 't5_bias (max_distance 64)',
+    'sinusoidal (word-norm table)'."""
+    parts = pe_variant(config) + attention_variant(config)
+    return f"{pe} ({', '.join(parts)})" if parts else pe
 
 
 def is_scaled(family: str) -> bool:
@@ -131,7 +198,7 @@ def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], tar
     target_len = target_len or seq_len  # every target of the training window: the 1x loss is the training-length loss
     stream = run.datamodule.streams["validation"]
     pe = run.choices.get("pe") or str(run.config.pe.get("_target_", "")).rsplit(".", 1)[-1]
-    arm = pe + attention_variant(run.config)
+    arm = arm_label(pe, run.config)
     labels = [arm] + ([f"rope+{s}" for s in scalings] if arm == "rope" else [])
     blocks = torch.from_numpy(np.asarray(stream[: ATTENTION_BLOCKS * seq_len], dtype=np.int64)).view(-1, seq_len)
     attention = position_attention_report(run.model.eval(), blocks)  # at the training length
@@ -152,16 +219,28 @@ def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], tar
     return entries
 
 
+def scaling_overrides(scaling: str, multiplier: int) -> dict:
+    """The ``pe`` settings that read a RoPE run at ``multiplier`` x its training length with ``scaling`` at factor
+    ``multiplier``.
+
+    linear, ntk and yarn take the factor as it is. dynamic_ntk computes its own from the length L it reads,
+    base * (s L / L_train - (s - 1))^(d/(d-2)), so its s must stay 1: then a window of m x L_train gets NTK's base
+    at factor m. Setting s = m as well (as this benchmark once did) gives the base at factor m^2 - m + 1 (3, 13, 57
+    and 241 at 2x, 4x, 8x and 16x)."""
+    return {"scaling": scaling, "scaling_factor": 1.0 if scaling == "dynamic_ntk" else float(multiplier)}
+
+
 def scaled_rope_losses(run_dir: Path, scaling: str, datamodules: dict, stream, seq_len: int, multipliers: list[int],
                        target_len: int | None, base: dict, mask_draws: int = 1) -> dict:
-    """A RoPE run read with ``pe.scaling=<scaling>`` at factor = the multiplier, one length at a time.
+    """A RoPE run read with ``pe.scaling=<scaling>`` at factor = the multiplier (``scaling_overrides``), one length at
+    a time.
 
     The 1x entry and every ratio's denominator are the unscaled run's (``base``), so the ratios compare
-    the same targets. (dynamic_ntk sets its own factor from the length it reads; its factor is moot.)
+    the same targets.
     """
     merged = {k: v for k, v in base.items() if k != "lengths"} | {"lengths": {str(multipliers[0]): base["lengths"][str(multipliers[0])]}}
     for m in multipliers[1:]:
-        scaled = load_trained_run(run_dir, datamodules=datamodules, pe_overrides={"scaling": scaling, "scaling_factor": float(m)})
+        scaled = load_trained_run(run_dir, datamodules=datamodules, pe_overrides=scaling_overrides(scaling, m))
         scores = fixed_target_losses(scaled.model, stream, seq_len, [multipliers[0], m], target_len, mask_draws=mask_draws)
         entry = scores["lengths"][str(m)]
         if entry["loss"] != NA:  # the ratio against the unscaled model's 1x loss, paired as fixed_target_losses pairs it
@@ -169,6 +248,32 @@ def scaled_rope_losses(run_dir: Path, scaling: str, datamodules: dict, stream, s
             entry.pop("ratio_se", None)
         merged["lengths"][str(m)] = entry
     return merged
+
+
+PROTOCOL_KEYS = ("objective", "target_len", "n_windows", "window_stride", "mask_draws")
+
+
+def kept_entries(path: Path, relabel: dict[str, str], rescored: set[str], like: dict, multipliers: list[int]) -> list[dict]:
+    """The entries of an earlier extrapolation.json to show beside this call's: every family this call did not score
+    again, renamed by ``relabel`` (an arm's label once left out a setting that now names it, e.g. 'cope' trained at
+    p_max 64). Refused unless they were scored by the same protocol (targets, windows, mask draws, lengths)."""
+    try:
+        earlier = json.loads(path.read_text())
+        runs, kept_multipliers = earlier["runs"], earlier["multipliers"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"error: --keep {path}: not an extrapolation.json this script wrote ({err})") from None
+    unknown = sorted(set(relabel) - {r["family"] for r in runs})
+    if unknown:
+        raise SystemExit(f"error: --relabel {unknown[0]}=...: no such family in {path}; "
+                         f"its families: {sorted({r['family'] for r in runs})}")
+    kept = [r | {"family": relabel.get(r["family"], r["family"])} for r in runs]
+    kept = [r for r in kept if r["family"] not in rescored]
+    for r in kept:
+        differ = [k for k in PROTOCOL_KEYS if r.get(k) != like.get(k)]
+        if differ or kept_multipliers != multipliers:
+            what = ", ".join(f"{k} {r.get(k)} vs {like.get(k)}" for k in differ) or f"multipliers {kept_multipliers}"
+            raise SystemExit(f"error: --keep {path}: {r['run']} was scored by another protocol ({what})")
+    return kept
 
 
 def summarise(results: list[dict], multipliers: list[int]) -> dict[str, dict]:
@@ -186,18 +291,28 @@ def summarise(results: list[dict], multipliers: list[int]) -> dict[str, dict]:
                 continue
             losses = [e["loss"] for e in entries]
             ratios = [e.get("ratio", 1.0) for e in entries]
-            # perplexity at m x over perplexity at 1x, the published figures' unit: exp(loss_m - loss_1), same targets
-            ppl = [math.exp(e["loss"] - r["lengths"][str(multipliers[0])]["loss"]) for e, r in zip(entries, runs)]
             cells[str(m)] = {
                 "loss_mean": mean(losses), "loss_sd": stdev(losses) if len(losses) > 1 else 0.0,
                 "loss_min": min(losses), "loss_max": max(losses),
                 "ratio_mean": mean(ratios), "ratio_sd": stdev(ratios) if len(ratios) > 1 else 0.0,
-                "ppl_ratio_mean": mean(ppl), "ppl_ratio_sd": stdev(ppl) if len(ppl) > 1 else 0.0,
+                "ratio_min": min(ratios), "ratio_max": max(ratios),
+                **perplexity_ratio([e["loss"] - r["lengths"][str(multipliers[0])]["loss"] for e, r in zip(entries, runs)]),
                 "max_rel_se": max(e["rel_se"] for e in entries),
             }
+            ratio_se = [e["ratio_se"] for e in entries if e.get("ratio_se")]  # paired by window; a scaled read has none
+            if len(ratio_se) == len(entries) > 1:
+                cells[str(m)]["ratio_se_mean"] = mean(ratio_se)
         summary[family] = {"seeds": sorted(r["seed"] for r in runs), "lengths": cells,
                            "attention": summarise_attention([r["attention"] for r in runs if "attention" in r])}
     return summary
+
+
+def perplexity_ratio(deltas: list[float]) -> dict:
+    """Perplexity at m x over perplexity at 1x, the published figures' unit, from each seed's loss difference on the
+    same targets: exp(mean delta), the geometric mean of the seeds' ratios, with exp of the seeds' smallest and
+    largest delta as its spread. (The arithmetic mean of exp(delta) lets one seed that blows up set the figure.)"""
+    return {"ppl_ratio": math.exp(mean(deltas)), "ppl_ratio_min": math.exp(min(deltas)),
+            "ppl_ratio_max": math.exp(max(deltas)), "log_ppl_ratio_sd": stdev(deltas) if len(deltas) > 1 else 0.0}
 
 
 def summarise_attention(reports: list[dict]) -> dict | None:
@@ -223,7 +338,8 @@ def summarise_attention(reports: list[dict]) -> dict | None:
 def markdown_table(summary: dict[str, dict], multipliers: list[int]) -> str:
     longer = [m for m in multipliers if m > 1]
     head = ("| family | seeds | loss at 1x | " + " | ".join(f"{m}x / 1x" for m in longer)
-            + f" | ppl ratio, ours ({'/'.join(f'{m}x' for m in longer)}) | published ppl ratio (2x/4x/8x/16x) |")
+            + f" | ppl ratio, ours ({'/'.join(f'{m}x' for m in longer)}): exp(mean Δ) [seed min–max]"
+            " | published ppl ratio (2x/4x/8x/16x) |")
     lines = [head, "|" + "---|" * (5 + len(longer))]
     order = sorted(summary, key=lambda f: _sort_key(summary[f], multipliers))
     for family in order:
@@ -233,7 +349,7 @@ def markdown_table(summary: dict[str, dict], multipliers: list[int]) -> str:
         for m in longer:
             c = cells[str(m)]
             row.append("n/a (past the table)" if "na" in c else f"{c['ratio_mean']:.3f} ± {c['ratio_sd']:.3f}")
-        row.append(" / ".join("n/a" if "na" in cells[str(m)] else _ppl(cells[str(m)]["ppl_ratio_mean"]) for m in longer))
+        row.append(" / ".join("n/a" if "na" in cells[str(m)] else ppl_cell(cells[str(m)]) for m in longer))
         published = PUBLISHED_PPL_RATIO.get(family)
         row.append(" / ".join("–" if p is None else f"{p}" for p in published) if published else "")
         lines.append("| " + " | ".join(row) + " |")
@@ -297,6 +413,13 @@ def plot_attention(summary: dict[str, dict], multiplier: int, path: Path) -> Non
 
 def _ppl(value: float) -> str:
     return f"{value:.3g}" if value < 1000 else f"{value:.2e}"
+
+
+def ppl_cell(cell: dict) -> str:
+    """'2.41 [1.9–3.0]': the seeds' geometric-mean perplexity ratio and its range over seeds (one seed: no range)."""
+    low, high = cell["ppl_ratio_min"], cell["ppl_ratio_max"]
+    spread = "" if low == high else f" [{_ppl(low)}–{_ppl(high)}]"
+    return _ppl(cell["ppl_ratio"]) + spread
 
 
 def _sort_key(entry: dict, multipliers: list[int]) -> tuple:
@@ -364,20 +487,31 @@ def main(argv: list[str] | None = None) -> dict:
                              "4 brings the loss's standard error under 1 %%); decoders ignore it")
     parser.add_argument("--cache", type=Path, default=None,
                         help="folder keeping each run's scores: a rerun scores only new or retrained runs")
+    parser.add_argument("--keep", type=Path, default=None, metavar="EXTRAPOLATION_JSON",
+                        help="an earlier extrapolation.json (same protocol) whose families this call does not score "
+                             "again are kept beside the new ones")
+    parser.add_argument("--relabel", nargs="*", default=[], metavar="OLD=NEW",
+                        help="with --keep: rename a kept family (e.g. cope='cope (p_max 64)')")
     args = parser.parse_args(argv)
+    relabel = dict(pair.split("=", 1) for pair in args.relabel if "=" in pair)
+    if len(relabel) != len(args.relabel) or (relabel and args.keep is None):
+        parser.error("--relabel takes OLD=NEW pairs, with --keep")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     start = time.perf_counter()
     results = score_runs(args.folders, args.multipliers, args.target_len, args.scalings, cache=args.cache,
                          mask_draws=args.mask_draws)
-    summary = summarise(results, args.multipliers)
-    args.out.mkdir(parents=True, exist_ok=True)
     first = results[0]
-    masks = f" (the masked ones among them, {first['mask_draws']} mask draws per window)" if "mask_draws" in first else ""
-    protocol = (f"{first['objective']} runs; the same {first['target_len']} target tokens per window at every length{masks}, "
-                f"{first['n_windows']} windows (one every {first['window_stride']} validation tokens), "
-                "mean +- sd over seeds; ratio = loss / loss at 1x on the same targets")
     # runs named by sweep folder and run folder, not by this machine's absolute paths (the results are committed)
     runs = [r | {"run": "/".join(Path(r["run"]).parts[-2:])} for r in results]
+    kept = (kept_entries(args.keep, relabel, {r["family"] for r in runs}, first, args.multipliers)
+            if args.keep is not None else [])
+    runs += kept
+    summary = summarise(runs, args.multipliers)
+    args.out.mkdir(parents=True, exist_ok=True)
+    masks = f" (the masked ones among them, {first['mask_draws']} mask draws per window)" if "mask_draws" in first else ""
+    protocol = (f"{first['objective']} runs; the same {first['target_len']} target tokens per window at every length{masks}, "
+                f"{first['n_windows']} windows (one every {first['window_stride']} validation tokens); "
+                "ratio = loss / loss at 1x on the same targets, mean ± sd over seeds")
     payload = {"protocol": protocol, "multipliers": args.multipliers, "summary": summary, "runs": runs,
                "machine": f"{platform.machine()}, torch {torch.__version__}", "seconds": round(time.perf_counter() - start)}
     (args.out / "extrapolation.json").write_text(json.dumps(payload, indent=1))
@@ -385,15 +519,17 @@ def main(argv: list[str] | None = None) -> dict:
     worst = max((c.get("max_rel_se", 0.0) for s in summary.values() for c in s["lengths"].values()), default=float("nan"))
     common = common_multiplier(summary, args.multipliers)
     attention = attention_table(summary, common)
+    kept_note = (f" {len(kept)} of them ({', '.join(sorted({r['family'] for r in kept}))}) kept from an earlier "
+                 f"extrapolation.json (`--keep`; scored by the same protocol){relabel_note(relabel)}." if kept else "")
     (args.out / "extrapolation.md").write_text(
         f"# Length extrapolation\n\n{protocol}.\n\n{len(runs)} scored entries from the sweep folders "
         f"{', '.join(sorted({r['run'].split('/')[0] for r in runs}))} (`python experiments/extrapolation.py <folders> "
-        f"--out <here>`; each run's loss, standard error and ratio at every length in extrapolation.json).\n\n"
-        "Largest standard error of a run's loss (over windows): "
-        f"{100 * worst:.2f} % of the loss.\n\n{table}\n\n![loss vs length](extrapolation.png)\n\n"
+        f"--out <here>`; each run's loss, standard error and ratio at every length in extrapolation.json).{kept_note}\n\n"
+        f"{uncertainty_note(summary, worst)}\n\n{FLAT_NOTE}\n\n{table}\n\n![loss vs length](extrapolation.png)\n\n"
         f"## Where position enters the attention\n\n{ATTENTION_NOTE.format(blocks=ATTENTION_BLOCKS)}\n\n{attention}\n\n"
         "![position in the attention vs extrapolation](position_attention.png)\n")
-    plot(summary, args.multipliers, args.out / "extrapolation.png", protocol)
+    plot(summary, args.multipliers, args.out / "extrapolation.png",
+         protocol.replace("mean ± sd over seeds", "line: mean over seeds, band: min-max over seeds"))
     plot_attention(summary, common, args.out / "position_attention.png")
     print(table)
     print(f"wrote {args.out}/extrapolation.{{json,md,png}} in {time.perf_counter() - start:.0f} s")

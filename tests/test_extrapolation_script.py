@@ -4,9 +4,11 @@ each family puts position in the attention (a second table and figure)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from pe_geometry.training.pipeline import train
 from tests.conftest import tiny_train_config
@@ -45,3 +47,79 @@ def test_the_script_scores_every_run_and_places_each_family_on_the_attention_axe
     again = load_script().main(argv)  # every run scored before: read back from the cache, same numbers
     assert capsys.readouterr().out.count("scored before") == 3 and again["summary"] == payload["summary"]
     assert (out / "position_attention.png").stat().st_size > 10_000 and (out / "extrapolation.png").stat().st_size > 10_000
+
+
+# -- the protocol's pieces, without training ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [2, 4, 8, 16])
+def test_dynamic_ntk_reads_m_times_the_training_length_with_ntks_base_at_factor_m(m):
+    """dynamic NTK sets its factor from the length it reads; given the multiplier as its factor as well, a 16x window
+    was read with NTK's base at factor 241 (m^2 - m + 1), not 16."""
+    from pe_geometry.model.positional import RotaryPE
+
+    script, L, d_model, n_heads = load_script(), 64, 64, 4
+    dynamic = RotaryPE(d_model, n_heads, training_length=L, **script.scaling_overrides("dynamic_ntk", m))
+    d = d_model // n_heads
+    expected = (10000.0 * m ** (d / (d - 2))) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # bloc97's NTK base
+    torch.testing.assert_close(dynamic.frequencies(m * L), expected, rtol=1e-12, atol=0)
+    ntk = RotaryPE(d_model, n_heads, training_length=L, **script.scaling_overrides("ntk", m))
+    torch.testing.assert_close(dynamic.frequencies(m * L), ntk.frequencies(m * L), rtol=1e-12, atol=0)
+    for scaling in ("linear", "ntk", "yarn"):  # the others take the multiplier as their factor
+        assert script.scaling_overrides(scaling, m) == {"scaling": scaling, "scaling_factor": float(m)}
+
+
+def test_the_perplexity_ratio_is_exp_of_the_mean_loss_difference_not_the_mean_of_exps():
+    """One seed's 200x made the sinusoidal row's '84': the arithmetic mean of exp(delta) is set by the worst seed."""
+    script = load_script()
+    deltas = [0.1, 0.2, math.log(200.0)]
+    cell = script.perplexity_ratio(deltas)
+    assert cell["ppl_ratio"] == pytest.approx(math.exp(sum(deltas) / 3))  # 6.5, not (1.1 + 1.2 + 200) / 3 = 67
+    assert cell["ppl_ratio_min"] == pytest.approx(math.exp(0.1)) and cell["ppl_ratio_max"] == pytest.approx(200.0)
+    assert script.ppl_cell(cell) == "6.46 [1.11–200]"
+    runs = [{"family": "x", "seed": s, "lengths": {"1": {"loss": 4.0, "rel_se": 0.01},
+                                                   "2": {"loss": 4.0 + d, "rel_se": 0.01, "ratio": (4.0 + d) / 4.0,
+                                                         "ratio_se": 0.001}}} for s, d in enumerate(deltas)]
+    two = script.summarise(runs, [1, 2])["x"]["lengths"]["2"]
+    assert two["ppl_ratio"] == pytest.approx(cell["ppl_ratio"]) and two["ratio_se_mean"] == pytest.approx(0.001)
+    assert "[seed min–max]" in script.markdown_table(script.summarise(runs, [1, 2]), [1, 2]).splitlines()[0]
+
+
+def _config(*overrides: str):
+    from tests.conftest import compose_train_config
+
+    return compose_train_config(["experiment=extrapolation", *overrides])
+
+
+@pytest.mark.parametrize("overrides, label", [
+    (["pe=sinusoidal"], "sinusoidal (raw table)"),
+    (["pe=sinusoidal", "pe.scale=word_norm"], "sinusoidal (word-norm table)"),
+    (["pe=sinusoidal", "embedding=scaled"], "sinusoidal (embedding x sqrt(d))"),
+    (["pe=t5_bias"], "t5_bias"),
+    (["pe=t5_bias", "pe.max_distance=64"], "t5_bias (max_distance 64)"),
+    (["pe=cope"], "cope"),
+    (["pe=cope", "pe.p_max=64"], "cope (p_max 64)"),
+    (["pe=rope", "attention.window=32"], "rope (window 32)"),
+    (["pe=rope", "pe.scaling=ntk", "pe.scaling_factor=4"], "rope"),  # a way to read the run, not an arm
+])
+def test_an_arm_is_named_by_what_sets_it_apart_from_the_familys_defaults(overrides, label):
+    """Arms trained with another setting of the same family must not pool with it (t5_bias at max_distance 64 was
+    't5_bias'), and a sinusoidal table says how it sits against the word vectors."""
+    pe = overrides[0].split("=", 1)[1]
+    assert load_script().arm_label(pe, _config(*overrides)) == label
+
+
+def test_kept_entries_are_renamed_replaced_where_rescored_and_refused_from_another_protocol(tmp_path):
+    import json
+
+    script = load_script()
+    protocol = {"objective": "next-token", "target_len": 64, "n_windows": 138, "window_stride": 1025}
+    runs = [protocol | {"family": f, "run": f"old/{f}", "seed": 0, "lengths": {}} for f in ("cope", "rope", "alibi")]
+    earlier = tmp_path / "extrapolation.json"
+    earlier.write_text(json.dumps({"multipliers": [1, 2], "runs": runs}))
+    kept = script.kept_entries(earlier, {"cope": "cope (p_max 64)"}, {"rope"}, protocol, [1, 2])
+    assert [r["family"] for r in kept] == ["cope (p_max 64)", "alibi"]
+    with pytest.raises(SystemExit, match="scored by another protocol .n_windows 138 vs 10"):
+        script.kept_entries(earlier, {}, set(), protocol | {"n_windows": 10}, [1, 2])
+    with pytest.raises(SystemExit, match="--relabel sine=...: no such family"):
+        script.kept_entries(earlier, {"sine": "x"}, set(), protocol, [1, 2])

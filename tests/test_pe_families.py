@@ -271,11 +271,27 @@ def test_settings_that_do_not_fit_the_run_are_warned_about():
     assert "pe.init_threshold=512 is above data.seq_len=64" in FirePE.settings_warnings(32, 2, 64, init_threshold=512.0)[0]
     assert FirePE.settings_warnings(32, 2, 64, init_threshold=64.0) == []
     assert "pe.p_max=128 is above data.seq_len=64" in CoPE.settings_warnings(32, 2, 64, p_max=128)[0]
-    assert CoPE.settings_warnings(32, 2, 64, p_max=64) == []
+    # gates start near 0.5, so a 64-token block counts to ~33: rows 34..63 of a 64-row table start without gradient
+    (cope,) = CoPE.settings_warnings(32, 2, 64, p_max=64)
+    assert "pe.p_max=64 is above what data.seq_len=64 fills at initialisation" in cope and "rows 34..63" in cope
+    assert CoPE.settings_warnings(32, 2, 64, p_max=34) == [] and CoPE.settings_warnings(32, 2, 64) == []
     (xpos,) = XPosPE.settings_warnings(32, 2, 512, precision="16-mixed", scale_base=512.0, training_length=512)
     assert "overflows float16 past position" in xpos
     assert XPosPE.settings_warnings(32, 2, 512, precision="bf16-mixed") == []
     assert XPosPE.settings_warnings(32, 2, 64, precision="16-mixed", training_length=64) == []  # 16x 64 fits
+
+
+def test_cope_defaults_to_the_papers_p_max_whatever_the_training_length(tmp_path):
+    """p_max followed data.seq_len once (64 in the benchmark): a table the training block could not fill, read at 16x.
+    The paper and x-transformers use 16; the constructor, the schema and the yaml agree on it."""
+    import inspect
+
+    from pe_geometry.training.schema import CoPESettings
+    from tests.conftest import compose_train_config
+
+    cfg = compose_train_config(["pe=cope", "data.seq_len=64", "model.d_model=32", "model.n_heads=2"], tmp_path)
+    assert cfg.pe.p_max == 16
+    assert inspect.signature(CoPE).parameters["p_max"].default == 16 == CoPESettings.model_fields["p_max"].default
 
 
 def test_a_run_logs_each_warning_once_at_the_start(caplog, tmp_path):

@@ -697,7 +697,7 @@ class CoPE(PositionalEncoding):
     position vectors. One table (two in an encoder) per stack, shared by its layers (the paper has one per layer).
     """
 
-    def __init__(self, d_model: int, n_heads: int, p_max: int = 64) -> None:
+    def __init__(self, d_model: int, n_heads: int, p_max: int = 16) -> None:
         super().__init__(d_model, n_heads)
         self.check_settings(d_model, n_heads, seq_len=0, p_max=p_max)
         self.p_max, self.d_head = p_max, d_model // n_heads
@@ -719,17 +719,25 @@ class CoPE(PositionalEncoding):
             self.pos_emb_after = None
 
     @classmethod
-    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, p_max: int = 64, **settings) -> None:
+    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, p_max: int = 16, **settings) -> None:
         if p_max < 2:
             raise ValueError(f"pe.p_max={p_max} must be >= 2 (positions 0 .. p_max - 1 are interpolated)")
 
     @classmethod
     def settings_warnings(
-        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", p_max: int = 64, **settings
+        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", p_max: int = 16, **settings
     ) -> list[str]:
         if p_max > seq_len:
             return [f"pe.p_max={p_max} is above data.seq_len={seq_len}: positions past {seq_len} (rows {seq_len}..{p_max - 1}"
                     " of the table) are never reached in training and keep their initial zeros"]
+        # Every gate starts at sigmoid(~0) = 0.5, so a training block's counts start at most ~seq_len / 2: the rows past
+        # it get no gradient until gates open, and a longer window at inference reads them (a 64-token block with
+        # p_max 64 trained rows 0-33 at the start; the paper and x-transformers use 16).
+        reached = seq_len // 2 + 1
+        if p_max - 1 > reached:
+            return [f"pe.p_max={p_max} is above what data.seq_len={seq_len} fills at initialisation: gates start near 0.5, "
+                    f"so counts reach ~{reached} and rows {reached + 1}..{p_max - 1} get no gradient until gates open "
+                    f"(the paper uses 16; pe.p_max<={reached + 1} avoids it)"]
         return []
 
     def _interpolated(self, q: Tensor, position: Tensor, table: Tensor) -> Tensor:

@@ -124,7 +124,7 @@ class FireSettings(TargetSettings):
 
 
 class CoPESettings(TargetSettings):
-    p_max: int = what("an integer >= 2", 64, ge=2)
+    p_max: int = what("an integer >= 2", 16, ge=2)
 
 
 class AttentionSettings(TargetSettings):
