@@ -15,11 +15,20 @@ step. Then each arm (a report group: a PE type and its control switches) gets, p
   with p < 0.05;
 - Fisher's combination of the seeds' p-values (scipy.stats.combine_pvalues).
 
-Fisher's test asks "is any seed off its null", not "do all seeds agree", so the per-seed
-p's and signs are always shown beside it. Hidden-state and attention figures take what
+Fisher's test asks "is any seed off its null", not "do all seeds agree". So an arm x figure is
+read as off its null (``reading``) only when (1) its Fisher p survives a Holm correction over
+every test of its report (``correct_report``: each arm's input figures and its position probe;
+a report reads many arms x figures, and the smallest of many p's is small by chance) and (2)
+every seed lies on the same side of its null. Hidden-state and attention figures take what
 the log recorded (the position probe's null = cyclic shifts of each block's positions;
 the positional-head count against its own value at step 0, since at initialisation most
 of the score variance already involves position).
+
+What the input null answers: it keeps both spectra and draws the orientation of P relative
+to E at random, so below or above it says the orientation is non-random given the spectra.
+It cannot say the separation was *learned*: a table can be placed non-randomly at
+initialisation or by construction (a fixed sinusoidal table); that takes the step-0 value and
+the control arms.
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ log = logging.getLogger(__name__)
 _DATAMODULES: dict[str, object] = {}  # one datamodule per data config (a sweep's runs share one)
 VERDICT_FILE = "verdict.json"
 CHECKPOINTS = {"last": "last.ckpt", "best": "best.ckpt"}  # which weights a verdict measures: pe-report --at
-SIGNIFICANCE = 0.05
+SIGNIFICANCE = 0.05  # the family-wise error rate of a report's Holm correction
+TESTED = ("input", "hidden")  # the verdict sections whose figures are tests (the attention count has no p)
 # (figure, what it says, which side means "word and position rows separated")
 INPUT_FIGURES = [
     ("overlap_k8", "top-8 subspace overlap, word vs position rows", "less"),
@@ -214,12 +224,57 @@ def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = Tru
     return out
 
 
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's (1979) step-down adjusted p-values, in the order given: the i-th smallest of m p's times (m - i + 1),
+    made non-decreasing along that order (a test cannot pass where a smaller p failed) and capped at 1."""
+    m = len(p_values)
+    adjusted, running = [1.0] * m, 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda j: p_values[j])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def correct_report(verdicts: list[dict]) -> list[dict]:
+    """One report's group_verdict results with each test's ``holm_p`` and ``n_tests`` (the report's family: every
+    arm's input figures and hidden-state probe). Copies; always recomputed from ``fisher_p``, so a summary.json written
+    before these fields existed reads the same."""
+    tests = [(i, section, name) for i, v in enumerate(verdicts) for section in TESTED for name in v.get(section, {})]
+    adjusted = holm([verdicts[i][section][name]["fisher_p"] for i, section, name in tests])
+    out = [{**v, **{section: dict(v.get(section, {})) for section in TESTED}} for v in verdicts]
+    for (i, section, name), q in zip(tests, adjusted):
+        out[i][section][name] = {**out[i][section][name], "holm_p": q, "n_tests": len(tests)}
+    return out
+
+
+def seeds_side(v: dict) -> int:
+    """-1 if every seed's effect (observed - null mean) is negative, +1 if every one is positive, 0 otherwise
+    (seeds on both sides, or one exactly at its null mean)."""
+    signs = {int(np.sign(e)) for e in v["effect"]["values"]}
+    return signs.pop() if len(signs) == 1 and 0 not in signs else 0
+
+
 def reading(v: dict, toward: str = "separated", away: str = "more aligned than the null") -> str:
-    """Plain words for one verdict: where the seeds sit against the null, and which way that points."""
-    n, k = v["n_seeds"], v["n_significant_same_side"]
-    if k == 0:  # one seed is "the only seed", not "none of 1 seeds"
-        return f"at the null ({'the only seed has p ≥' if n == 1 else f'none of {n} seeds has p <'} {SIGNIFICANCE})"
-    side = "below" if v["direction"] == "less" else "above"
-    seeds = "in the only seed" if n == 1 else f"in {k}/{n} seeds"
-    consistency = "" if k == n else " (not in every seed)"
-    return f"{side} the null {seeds}: {toward if v['direction'] == v['separation_side'] else away}{consistency}"
+    """Plain words for one verdict of ``correct_report``: off the null only if its Holm p is below SIGNIFICANCE and every
+    seed is on the same side; otherwise why not."""
+    from pe_geometry.analysis.report.tables import fmt  # not at the top: the report package imports this module
+
+    n, holm_p, side = v["n_seeds"], fmt(v["holm_p"], 2), seeds_side(v)
+    if v["holm_p"] < SIGNIFICANCE and side:
+        meaning = toward if (side < 0) == (v["separation_side"] == "less") else away
+        seeds = "the only seed" if n == 1 else f"all {n} seeds"
+        return f"{'below' if side < 0 else 'above'} the null in {seeds} (Holm p {holm_p}): {meaning}"
+    if v["holm_p"] < SIGNIFICANCE:
+        return f"seeds on both sides of the null: no verdict (Holm p {holm_p})"
+    k = sum(1 for q in v["p"] if q < SIGNIFICANCE)
+    if side and n > 1 and k == n and len(set(v["p"])) == 1:
+        # every seed at the same smallest p its null allows (the probe's 20 cyclic shifts: 1/21), so the Holm p is that
+        # floor's, not a measure of the effect: say so, and point at z, rather than call it "not distinguishable"
+        where = "below" if side < 0 else "above"
+        return (f"{where} the null in all {n} seeds, each at its null's p floor ({fmt(v['p'][0], 2)}): too few null draws "
+                f"to pass Holm (p {holm_p}); read z")
+    if n == 1:  # one seed is "the only seed", not "0/1 seeds"
+        seeds = f"the only seed p {'<' if k else '≥'} {SIGNIFICANCE}"
+    else:
+        seeds = f"{k}/{n} seeds p < {SIGNIFICANCE}" + ("" if side else ", seeds on both sides")
+    return f"not distinguishable from the null (Holm p {holm_p}; {seeds})"

@@ -4,29 +4,36 @@
     pe-verdict REPORT... --figures overlap_k8 var_share_P_in_E_k8    # fewer input figures
     pe-verdict REPORT... --compact --figures overlap_k8 var_share_P_in_E_k8  # one row per arm
     pe-verdict REPORT... --by-size --plot size_curve.png   # the dose-response: each arm's ratio to its null vs d_model
+    pe-verdict --update-report REPORT...   # rewrite each REPORT/report.md's "## Verdict" section from its summary.json
 
 Reads each report's summary.json (written by pe-report) and prints one set of markdown
-tables, a block of rows per report, in the order given. With --by-size the reports are
-sizes of one study: each arm (matched by label) gets its measured / null ratio per seed at each
-width and a fitted trend per doubling of d_model (analysis/size_curve.py).
+tables, a block of rows per report, in the order given. Each report is its own family for
+the Holm correction (analysis/verdict.py), recomputed here from its Fisher p's, so an older
+summary.json reads under the same rule. With --update-report, instead of a table, each
+report's verdict section is rewritten in place and the rest of report.md kept byte for byte
+(the run folders behind a committed report need not be on the machine). With --by-size the
+reports are sizes of one study: each arm (matched by label) gets its measured / null ratio
+per seed at each width and a fitted trend per doubling of d_model (analysis/size_curve.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
 
 from pe_geometry.cli import console_script
+from pe_geometry.data.cache import atomic_write_text
 from pe_geometry.extras import exit_on_missing_extra
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
     from pe_geometry.analysis.report.figures import plot_size_curve
-    from pe_geometry.analysis.report.markdown import compact_verdict_table, size_curve_table, verdict_tables
+    from pe_geometry.analysis.report.markdown import compact_verdict_table, size_curve_table, verdict_markdown, verdict_tables
     from pe_geometry.analysis.size_curve import size_points, trend
-    from pe_geometry.analysis.verdict import INPUT_FIGURES
+    from pe_geometry.analysis.verdict import INPUT_FIGURES, correct_report
 
 # The size curve reads a ratio to the null where below 1 means separated: the angle separates upwards, so it is left out.
 SIZE_FIGURES = [f for f, _, side in INPUT_FIGURES if side == "less"]
@@ -42,11 +49,15 @@ def main(argv: list[str] | None = None) -> str:
                         help=f"the reports are sizes of one study: each arm's measured / null ratio against d_model and its trend "
                              f"(figures: {', '.join(SIZE_FIGURES)})")
     parser.add_argument("--plot", type=Path, default=None, help="with --by-size: write the curve to this PNG")
+    parser.add_argument("--update-report", action="store_true",
+                        help="rewrite the '## Verdict' section of each REPORT/report.md from its summary.json (nothing else)")
     args = parser.parse_args(argv)
     if args.plot and not args.by_size:
         parser.error("--plot draws the size curve: use it with --by-size")
     if args.compact and args.by_size:
         parser.error("--compact and --by-size are two different tables: choose one")
+    if args.update_report and (args.compact or args.by_size or args.figures):
+        parser.error("--update-report writes the report's whole verdict section: no --compact, --by-size or --figures")
     summaries = []
     for folder in args.reports:
         path = folder / "summary.json" if folder.is_dir() else folder
@@ -59,15 +70,36 @@ def main(argv: list[str] | None = None) -> str:
     if args.by_size:
         command = "pe-verdict " + shlex.join(sys.argv[1:] if argv is None else argv)
         return by_size(parser, summaries, args.figures or SIZE_FIGURES, args.plot, command)
+    if args.update_report:
+        text = "\n".join(update_report(parser, folder, summary) for folder, (_, summary) in zip(args.reports, summaries))
+        print(text)
+        return text
     verdicts = []
     for folder, (_, summary) in zip(args.reports, summaries):
-        found = summary["verdict"]
+        found = correct_report(summary["verdict"])  # each report is its own family
         prefix = folder.name if len(args.reports) > 1 else None
         verdicts += [{**v, "label": f"{prefix}: {v['label']}" if prefix else v["label"]} for v in found]
     figures = args.figures or [f for f, _, _ in INPUT_FIGURES]
     text = "\n".join(compact_verdict_table(verdicts, figures) if args.compact else verdict_tables(verdicts, args.figures))
     print(text)
     return text
+
+
+def update_report(parser: argparse.ArgumentParser, folder: Path, summary: dict) -> str:
+    """Rewrite the "## Verdict" section of folder/report.md (up to the next "## " heading) from the summary's verdicts,
+    as pe-report would write it now; every other byte of the file stays as it was."""
+    path = (folder if folder.is_dir() else folder.parent) / "report.md"
+    if not path.is_file():
+        parser.error(f"{path}: no report.md to update")
+    text = path.read_bytes().decode("utf-8")  # bytes, not read_text: no newline translation of the rest
+    heading = re.search(r"^## Verdict\n", text, re.M)
+    if heading is None:
+        parser.error(f"{path}: no '## Verdict' section to rewrite")
+    following = re.compile(r"^## ", re.M).search(text, heading.end())
+    end = following.start() if following else len(text)
+    section = "\n".join(verdict_markdown(summary["verdict"], (summary.get("word_rows") or {}).get("position_probe"))) + "\n"
+    atomic_write_text(path, text[:heading.start()] + section + text[end:])
+    return f"updated {path}"
 
 
 def by_size(parser: argparse.ArgumentParser, summaries: list[tuple[str, dict]], figures: list[str], plot: Path | None,

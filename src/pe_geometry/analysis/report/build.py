@@ -52,7 +52,7 @@ from pe_geometry.analysis.runs import (
     measure_summary,
     stats,
 )
-from pe_geometry.analysis.verdict import CHECKPOINTS, checkpoint_at, group_verdict, verdict_file
+from pe_geometry.analysis.verdict import CHECKPOINTS, checkpoint_at, correct_report, group_verdict, verdict_file
 from pe_geometry.data.cache import atomic_write_text
 
 log = logging.getLogger("report")
@@ -256,7 +256,7 @@ def build_report(
     # The verdict re-measures each run's final weights with a null of null_draws rotations (cached per run);
     # without checkpoints (or with verdict=False) it reuses verdict.json files already in the runs.
     verdicts = [group_verdict(g, null_draws, compute=verdict, at=at) for g in groups]
-    verdicts = [v for v in verdicts if v["input"] or v["hidden"] or v["attn"]]
+    verdicts = correct_report([v for v in verdicts if v["input"] or v["hidden"] or v["attn"]])  # Holm over the report
     pre, pre_source = (load_pretrained(pretrained_json, out) if pretrained else (None, "skipped (--no-pretrained)"))
     tokens_rule = None
     for r in runs:

@@ -113,28 +113,50 @@ def verdict_section(data: ReportData) -> list[str]:
     """The one-page answer: each arm's headline figures against their nulls, per seed and over seeds."""
     if not data.verdicts:
         return []
-    return ["## Verdict", ""] + verdict_tables(data.verdicts, position_probe=(data.tokens_rule or {}).get("position_probe"))
+    return verdict_markdown(data.verdicts, (data.tokens_rule or {}).get("position_probe"))
+
+
+def verdict_markdown(verdicts: list[dict], position_probe: str | None = None) -> list[str]:
+    """The "## Verdict" section of one report's group_verdict results (pe-verdict --update-report rewrites it)."""
+    return ["## Verdict", ""] + verdict_tables(verdict.correct_report(verdicts), position_probe=position_probe)
+
+
+def _holm_cell(f: dict) -> str:
+    return f"{fmt(f['holm_p'], 2)} ({f['n_tests']})"
+
+
+def holm_rule(verdicts: list[dict]) -> str:
+    """The sentence that says when a reading is off its null: which tests form the Holm family, and how many."""
+    tests = [f for v in verdicts for section in verdict.TESTED for f in v[section].values()]
+    n_input = sum(len(v["input"]) for v in verdicts)
+    if {f["n_tests"] for f in tests} == {len(tests)}:  # one report: its family is every test listed
+        rows = [count(n, noun) for n, noun in ((n_input, "input-figure row"), (len(tests) - n_input, "position-probe row")) if n]
+        family = f"the {count(len(tests), 'arm × figure test')} of this report ({' and '.join(rows)} in all)"
+    else:  # several reports side by side: each is its own family
+        family = "the arm × figure tests of each report (its input figures and position probes; m in the Holm column)"
+    return (f"A reading is off its null (separated, more aligned than the null, position readable) only when its Fisher p "
+            f"survives a Holm correction at α = {verdict.SIGNIFICANCE} over {family} and every seed's effect has the same "
+            "sign; otherwise it says why not.")
 
 
 def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, heading: str = "###",
                    position_probe: str | None = None) -> list[str]:
-    """Markdown tables of analysis.verdict.group_verdict results (input figures limited to ``figures`` if given);
-    ``position_probe`` says which blocks the position probe read (geometry_tokens.json's rule), if known."""
+    """Markdown tables of analysis.verdict.group_verdict results, each with its report's Holm p
+    (analysis.verdict.correct_report), input figures limited to ``figures`` if given; ``position_probe`` says which
+    blocks the position probe read (geometry_tokens.json's rule), if known."""
     n_draws = verdicts[0].get("n_draws")
     if all(len(v["seeds"]) == 1 for v in verdicts):
-        over_seeds = ("Effect = observed − null mean. One seed per arm: no seed spread, Fisher p is that seed's p, and the "
-                      f"reading asks whether it is below {verdict.SIGNIFICANCE}.")
+        over_seeds = "Effect = observed − null mean. One seed per arm: no seed spread, and Fisher p is that seed's p."
     else:
         over_seeds = ("Effect = observed − null mean, mean ± std over seeds (the seed spread). Fisher p combines the seeds' "
-                      f"p-values (is any seed off its null); the reading counts seeds with p < {verdict.SIGNIFICANCE} on the "
-                      "side of the mean effect.")
+                      "p-values (it asks whether any seed is off its null, not whether they agree).")
     best = verdicts[0].get("at", "last") == "best"
     weights = ("Each run's best-validation weights (checkpoints/best.ckpt: the lowest val/loss; hidden-state figures as "
                "logged at that step)" if best else "Final weights of every run")
     measured = "best val" if best else "end"
     lines = [f"{weights} against the spectra-keeping null ({n_draws} Haar rotations of P relative to E; "
              f"two-sided p per seed, floor 2/(draws + 1) = {fmt(2 / (n_draws + 1), 2)}). {over_seeds} "
-             "Step 0 = the logged value at initialisation.", ""]
+             "Step 0 = the logged value at initialisation.", "", holm_rule(verdicts), ""]
     rows = []
     for v in verdicts:
         for figure, title, _ in verdict.INPUT_FIGURES:
@@ -142,29 +164,36 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
             if f is None or (figures is not None and figure not in figures):
                 continue
             rows.append([v["label"], title, fmt_stats(f["init"]), fmt_stats(f["observed"]), fmt_stats(f["null_mean"]),
-                         fmt_stats(f["effect"]), _p_list(f["p"]), fmt(f["fisher_p"], 2), verdict.reading(f)])
+                         fmt_stats(f["effect"]), _p_list(f["p"]), fmt(f["fisher_p"], 2), _holm_cell(f), verdict.reading(f)])
             if best:  # which step each seed was read at
                 steps = f.get("seed_steps", [])
                 rows[-1][3] += f" ({'steps' if len(steps) > 1 else 'step'} {', '.join(str(s) for s in steps)})"
     if rows:
         lines += [f"{heading} C3, C4: word rows vs position rows (input level)", "",
                   "C3 says they are nearly orthogonal, C4 that training separates them: below the null on the overlaps and "
-                  "|cos| (above it on the angle) = separated beyond what the two spectra give by themselves.", ""]
-        lines += md_table(["arm", "figure", "step 0", measured, "null mean", "effect", "p per seed", "Fisher p", "reading"], rows)
+                  "|cos| (above it on the angle) = separated beyond what the two spectra give by themselves. The null keeps "
+                  "both spectra and draws P's orientation relative to E at random, so off it says the *orientation* of the "
+                  "position rows relative to the word rows is non-random given both spectra. It cannot say the separation "
+                  "was *learned*: a table can be placed non-randomly at initialisation or by construction (a fixed "
+                  "sinusoidal table); that takes the step-0 column and the control arms.", ""]
+        lines += md_table(["arm", "figure", "step 0", measured, "null mean", "effect", "p per seed", "Fisher p",
+                           "Holm p (m tests)", "reading"], rows)
     rows = []
     for v in verdicts:
         f = v["hidden"].get("position_r2")
         if f is not None:
             end = fmt_stats(f["observed"]) + (f" (step {f['step']})" if "step" in f else "")
             rows.append([v["label"], str(f["layer"]), fmt_stats(f["init"]), end, fmt_stats(f["null_mean"]),
-                         _p_list(f["p"]), ", ".join(fmt(z, 3) for z in f["z"]), fmt(f["fisher_p"], 2),
+                         _p_list(f["p"]), ", ".join(fmt(z, 3) for z in f["z"]), fmt(f["fisher_p"], 2), _holm_cell(f),
                          verdict.reading(f, toward="position readable", away="below the null")])
     if rows:
         lines += [f"{heading} C6: position inside each token's vector (hidden states, input of the last block)", "",
                   f"Grouped-CV ridge R² on {position_probe or 'the validation blocks the runs logged'}; "
                   "null = each block's positions shifted cyclically; "
-                  "p from the shifts the log recorded (its floor is 2/(shifts + 1), so read z too).", ""]
-        lines += md_table(["arm", "block", "step 0", measured, "null mean", "p per seed", "z per seed", "Fisher p", "reading"], rows)
+                  "p from the shifts the log recorded (its floor is 2/(shifts + 1), so read z too: with every seed at "
+                  "that floor a probe can fail the Holm correction for want of shifts alone).", ""]
+        lines += md_table(["arm", "block", "step 0", measured, "null mean", "p per seed", "z per seed", "Fisher p",
+                           "Holm p (m tests)", "reading"], rows)
     rows = [[v["label"], fmt_stats(h["init"]), fmt_stats(h["end"]), fmt_stats(h.get("positional_share_init")),
              fmt_stats(h.get("positional_share_end")), str(h["n_heads"]), str(h["n_seeds"])]
             for v in verdicts if (h := v["attn"].get("n_positional_heads_all_terms"))]
@@ -179,9 +208,11 @@ def verdict_tables(verdicts: list[dict], figures: list[str] | None = None, headi
 
 
 def compact_verdict_table(verdicts: list[dict], figures: list[str]) -> list[str]:
-    """One row per arm: for each input figure, end vs null mean, the effect ± seed spread and the p per seed."""
+    """One row per arm: for each input figure, end vs null mean, the effect ± seed spread, the p per seed and the Holm p
+    (verdicts as in verdict_tables); the reading is the first figure's."""
     titles = {f: t for f, t, _ in verdict.INPUT_FIGURES}
-    header = ["arm", "seeds"] + [f"{titles[f]}: end (null) · effect ± sd · p per seed" for f in figures] + ["reading"]
+    header = (["arm", "seeds"] + [f"{titles[f]}: end (null) · effect ± sd · p per seed · Holm p (m tests)" for f in figures]
+              + ["reading"])
     rows = []
     for v in verdicts:
         cells = []
@@ -191,9 +222,9 @@ def compact_verdict_table(verdicts: list[dict], figures: list[str]) -> list[str]
         for f in figures:
             x = v["input"].get(f)
             cells.append("–" if x is None else f"{fmt(x['observed']['mean'], 3)} ({fmt(x['null_mean']['mean'], 3)}) · "
-                         f"{fmt(x['effect']['mean'], 2)} ± {fmt(x['effect']['std'], 1)} · {_p_list(x['p'])}")
+                         f"{fmt(x['effect']['mean'], 2)} ± {fmt(x['effect']['std'], 1)} · {_p_list(x['p'])} · {_holm_cell(x)}")
         rows.append([v["label"], str(len(v["seeds"]))] + cells + [verdict.reading(found[0])])
-    return md_table(header, rows)
+    return [holm_rule(verdicts), ""] + md_table(header, rows)
 
 
 def size_curve_table(curves: dict, trends: dict) -> list[str]:
