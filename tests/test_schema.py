@@ -139,6 +139,18 @@ def test_the_shipped_defaults_pass_and_keep_their_types(tmp_path):
     assert type(cfg.trainer.val_check_interval) is int and type(cfg.trainer.limit_val_batches) is int  # steps, not fractions
 
 
+def test_one_corpus_file_given_as_a_string_is_made_absolute_as_one_file(tmp_path, monkeypatch):
+    """The pipeline makes input paths absolute before the schema turns a string into a list: it once made
+    'tiny.txt' into ['/.../t', '/.../i', ...] ("corpus file(s) not found")."""
+    from pe_geometry.training.pipeline import absolute_input_paths
+
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_train_config(["data=text_files", "data.corpus.train_files=tiny.txt", "data.corpus.val_files=val.txt"], tmp_path)
+    absolute_input_paths(cfg)
+    assert list(cfg.data.corpus.train_files) == [str(tmp_path / "tiny.txt")]
+    assert list(cfg.data.corpus.val_files) == [str(tmp_path / "val.txt")]
+
+
 def test_values_are_coerced_to_their_type_and_written_back(tmp_path):
     cfg = compose_train_config(["data=text_files", "data.corpus.train_files=one.txt", "seed='7'",
                                 "optimizer.lr=1", "trainer.max_steps=1e3"], tmp_path)

@@ -165,7 +165,8 @@ def absolute_input_paths(cfg: DictConfig) -> None:
         corpus = cfg.data.get("corpus") or {}
         for key in ("train_files", "val_files"):
             if key in corpus and not OmegaConf.is_missing(corpus, key) and corpus[key] is not None:
-                corpus[key] = [to_absolute_path(str(f)) for f in corpus[key]]
+                files = corpus[key]  # one file may be given as a string: a list of one, not of its characters
+                corpus[key] = [to_absolute_path(str(f)) for f in ([files] if isinstance(files, str) else files)]
         # data=hf: local files and a save_to_disk folder; a hub name or a builder name (parquet, json...) is kept as is
         files = cfg.data.get("data_files")
         if files is not None:
