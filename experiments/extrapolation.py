@@ -537,5 +537,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    from pe_geometry.cli import console_script
+
     np.seterr(all="ignore")
-    main()
+    console_script(main)()  # bad input: one error line, exit code 2

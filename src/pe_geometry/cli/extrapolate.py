@@ -20,12 +20,28 @@ with exit_on_missing_extra():  # a missing extra: one error line naming it, exit
     from pe_geometry.analysis.extrapolation import NA, evaluate_lengths
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (0 multipliers or batches would score nothing and write n/a)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with config.yaml and checkpoints/last.ckpt)")
-    parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4], help="block lengths as multiples of seq_len")
-    parser.add_argument("--max-batches", type=int, default=8, help="validation tokens = max_batches x batch_size x seq_len")
+    parser.add_argument("--multipliers", type=positive_int, nargs="+", default=[1, 2, 4],
+                        help="block lengths as multiples of seq_len")
+    parser.add_argument("--max-batches", type=positive_int, default=8,
+                        help="validation tokens = max_batches x batch_size x seq_len")
     args = parser.parse_args(argv)
+    missing = [str(run) for run in args.runs if not run.exists()]
+    if missing:
+        parser.error(f"no such run folder or checkpoint: {', '.join(missing)}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     results = []
     for run in args.runs:

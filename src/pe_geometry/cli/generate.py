@@ -13,6 +13,7 @@ The model and its tokenizer are rebuilt from the checkpoint's own config by ``tr
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -29,7 +30,27 @@ class GenerateError(ValueError):
     """Bad input to generate.py: reported as one ``error:`` line."""
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:  # nan and inf are not settings: nan > 0 is False, so they would pass a range check
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_options(cfg: DictConfig) -> None:
+    for key in ("max_new_tokens", "num_samples", "seed"):
+        if not _is_int(cfg[key]):
+            raise GenerateError(f"{key}={cfg[key]!r} must be an integer")
+    for key in ("temperature", "top_p"):
+        if cfg[key] is not None and not _is_number(cfg[key]):
+            raise GenerateError(f"{key}={cfg[key]!r} must be a finite number")
+    if cfg.top_k is not None and not _is_int(cfg.top_k):
+        raise GenerateError(f"top_k={cfg.top_k!r} must be an integer >= 0 or null")
+    if not isinstance(cfg.use_cache, bool):
+        raise GenerateError(f"use_cache={cfg.use_cache!r}; valid: true, false")
+    if cfg.seed < 0:
+        raise GenerateError(f"seed={cfg.seed} must be >= 0")
     if cfg.max_new_tokens < 0:
         raise GenerateError(f"max_new_tokens={cfg.max_new_tokens} must be >= 0")
     if cfg.num_samples < 1:

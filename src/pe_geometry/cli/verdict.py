@@ -63,8 +63,11 @@ def main(argv: list[str] | None = None) -> str:
         path = folder / "summary.json" if folder.is_dir() else folder
         if not path.is_file():
             parser.error(f"{path}: no summary.json (run pe-report on the sweep first)")
-        summary = json.loads(path.read_text())
-        if not summary.get("verdict"):
+        try:
+            summary = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:  # a corrupt summary.json, or a file that is not one
+            parser.error(f"{path}: not a summary.json pe-report wrote ({type(err).__name__}: {err})")
+        if not isinstance(summary, dict) or not summary.get("verdict"):
             parser.error(f"{path}: the report has no verdict (made with --no-verdict, or before verdicts existed)")
         summaries.append(((folder if folder.is_dir() else folder.parent).resolve().name, summary))
     if args.by_size:
