@@ -45,9 +45,10 @@ from pe_geometry.analysis.position_attention import position_attention_report
 from pe_geometry.training.run_loader import load_trained_run
 
 # Perplexity at 2x/4x/8x/16x over perplexity at 1x, Press et al. (2022), trained at 1024 tokens (WikiText-103).
-# Our table reports loss ratios; a perplexity ratio r is a loss difference of log(r).
+# Our table reports loss ratios; a perplexity ratio r is a loss difference of log(r). Keyed by our arm's label: their
+# sinusoidal model (fairseq's language model) multiplies the embedding by sqrt(d_model), as the original Transformer.
 PUBLISHED_PPL_RATIO = {
-    "sinusoidal": (2.64, 7.45, 14.7, 23.4),
+    "sinusoidal (embedding x sqrt(d))": (2.64, 7.45, 14.7, 23.4),
     "rope": (1.61, 2.29, 3.36, 5.54),
     "t5_bias": (0.98, 1.03, 1.37, None),
     "alibi": (0.97, 0.96, 0.96, 0.96),
@@ -82,10 +83,11 @@ def uncertainty_note(summary: dict[str, dict], worst_rel_se: float) -> str:
              if c.get("ratio_se_mean") and "ratio_sd" in c]
     text = f"Largest standard error of a run's loss (over windows): {100 * worst_rel_se:.2f} % of the loss."
     if folds:
-        text += (f" The seeds' spread of a ratio (the ± in the table) is {np.median(folds):.0f}x its evaluation error "
-                 f"(the standard error of the ratio, paired by window, mean over seeds), median over every trained "
-                 f"family and length ({min(folds):.1f}x to {max(folds):.0f}x): the seeds, not the evaluation, set how "
-                 "well a ratio is known.")
+        wider = sum(f > 1 for f in folds)
+        text += (f" The seeds' spread of a ratio (sd, the ± in the table) is wider than its evaluation error (the "
+                 f"ratio's standard error over windows, paired by window, mean over seeds) in {wider} of {len(folds)} "
+                 f"family x length cells (median {np.median(folds):.1f}x, {min(folds):.1f}x to {max(folds):.0f}x): "
+                 "quote the seed spread, not the evaluation error alone.")
     return text
 
 
