@@ -208,3 +208,21 @@ def test_a_resume_off_the_geometry_cadence_adds_no_geometry_row(tmp_path, tiny_c
     straight, resumed = (series(tmp_path / d / "run", "geometry/abs_cos_mean") for d in ("straight", "cut"))
     assert sorted(straight) == sorted(resumed) == [0, 2, 4, 6]
     assert all(straight[s] == resumed[s] for s in straight)
+
+
+@pytest.mark.parametrize("folder", ["plain/run_1", "my runs/run 1", "it's,a=run", "back\\slash", "quote\\'d", "end \\"])
+def test_the_printed_resume_override_parses_back_to_the_checkpoint_path(tmp_path, folder):
+    """A run folder with a space made the printed command fail in Hydra's lexer: the override is quoted for Hydra, then
+    for the shell, and reads back as the path (shell split, then Hydra's own override parser)."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from pe_geometry.training.pipeline import resume_command
+
+    run = tmp_path / folder
+    printed = resume_command(OmegaConf.create({"paths": {"output_dir": str(run)}}))
+    (argument,) = shlex.split(printed)
+    (override,) = OverridesParser.create().parse_overrides([argument])
+    assert override.key_or_group == "ckpt_path" and override.value() == str(run / "checkpoints" / "last.ckpt")

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shlex
 import subprocess
 import warnings
@@ -243,9 +244,20 @@ def check_batch_fits(cfg: DictConfig, datamodule) -> None:
                           f"of data.seq_len={cfg.data.seq_len} tokens; valid: 1 to {blocks}")
 
 
+def hydra_value(text: str) -> str:
+    """``text`` as the value of a Hydra override: bare where Hydra's lexer reads it as one string, else single-quoted
+    with Hydra's escapes (a space, '=' or ',' in a bare value is a parse error or another override)."""
+    if text and all(c.isalnum() or c in "_-./:+@~" for c in text):
+        return text
+    # Inside quotes Hydra reads a backslash as an escape only before a quote (or the closing one): double those runs
+    escaped = re.sub(r"(\\+)(?=')|(\\+)$", lambda m: m.group(0) * 2, text)
+    return "'" + escaped.replace("'", "\\'") + "'"
+
+
 def resume_command(cfg: DictConfig) -> str:
-    """The override that continues this run from its last checkpoint: ``ckpt_path=<run>/checkpoints/last.ckpt``."""
-    return shlex.quote(f"ckpt_path={Path(cfg.paths.output_dir) / 'checkpoints' / 'last.ckpt'}")
+    """The override that continues this run from its last checkpoint, ``ckpt_path=<run>/checkpoints/last.ckpt``,
+    quoted for Hydra and then for the shell, so that it runs as printed wherever the run folder is."""
+    return shlex.quote(f"ckpt_path={hydra_value(str(Path(cfg.paths.output_dir) / 'checkpoints' / 'last.ckpt'))}")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
