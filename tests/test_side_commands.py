@@ -92,3 +92,28 @@ def test_pe_generate_refuses_values_that_would_sample_nonsense_before_loading_an
         check_options(cfg)
     assert str(err.value) == message
 
+
+
+def test_a_run_folder_name_too_long_for_the_file_system_is_one_line_before_hydra_creates_it(tmp_path):
+    """hydra.run.dir of 300 characters: Hydra's mkdir raised OSError (File name too long) as a traceback."""
+    from pe_geometry.cli.train import unusable_run_dir
+
+    problem = unusable_run_dir([f"hydra.run.dir={tmp_path / ('a' * 300)}"])
+    assert problem.startswith("hydra.run.dir=") and "(" in problem and "characters)" in problem
+    assert problem.endswith("cannot be created: a folder name of 300 bytes, over this file system's 255")
+    deep = "/".join(["b" * 200] * 25)  # every name fits, the whole path does not
+    assert "a path of" in unusable_run_dir(["-m", f"hydra.sweep.dir={tmp_path / deep}"])
+    assert unusable_run_dir([f"hydra.run.dir={tmp_path / 'fine'}"]) is None
+
+
+def test_a_corpus_path_too_long_for_the_file_system_is_a_corpus_error_naming_it_shortened(tmp_path):
+    from pe_geometry.data.corpus import CorpusError, TextFilesCorpus
+
+    corpus = TextFilesCorpus(train_files=[str(tmp_path / ("c" * 5000))])
+    with pytest.raises(CorpusError) as err:
+        corpus.splits()
+    message = str(err.value)
+    assert message.startswith("corpus file(s) cannot be read: ") and "File name too long" in message
+    assert len(message) < 300 and "characters)" in message
+    with pytest.raises(CorpusError, match=r"corpus file\(s\) not found: \["):
+        TextFilesCorpus(train_files=[str(tmp_path / "missing.txt")]).splits()

@@ -100,6 +100,24 @@ def report_stop(cfg: DictConfig) -> int:
     return 128 + signum
 
 
+def too_long_for_the_file_system(path: Path) -> str | None:
+    """Why the file system cannot hold ``path`` (a folder name or the whole path over its limits), or None. Checked
+    before anything touches the path: ``exists()`` on it raises OSError (File name too long)."""
+    def limit(name: str, default: int) -> int:
+        try:
+            return os.pathconf("/", name)
+        except (OSError, ValueError):
+            return default
+
+    name_max, path_max = limit("PC_NAME_MAX", 255), limit("PC_PATH_MAX", 4096)
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(longest)) > name_max:
+        return f"a folder name of {len(os.fsencode(longest))} bytes, over this file system's {name_max}"
+    if len(os.fsencode(str(path))) >= path_max:
+        return f"a path of {len(os.fsencode(str(path)))} bytes, over this file system's {path_max - 1}"
+    return None
+
+
 def unusable_run_dir(argv: list[str]) -> str | None:
     """Hydra creates ``hydra.run.dir``/``hydra.sweep.dir`` before ``main`` runs and reports a failure
     as a traceback: check an explicitly given one first, so it is one line like any bad input."""
@@ -119,6 +137,9 @@ def unusable_run_dir(argv: list[str]) -> str | None:
         if not static:
             continue
         path = Path(static).expanduser().absolute()
+        if problem := too_long_for_the_file_system(path):
+            shown = value if len(value) <= 80 else f"{value[:80]}... ({len(value)} characters)"
+            return f"{key}={shown} cannot be created: {problem}"
         existing = next(p for p in (path, *path.parents) if p.exists())
         if not existing.is_dir():
             return f"{key}={value} cannot be created: {existing} is a file, not a directory"

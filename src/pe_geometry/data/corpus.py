@@ -175,9 +175,11 @@ class TextFilesCorpus(Corpus):
         self._splits: dict[str, list[Document]] | None = None
 
     def _read(self, paths: list[Path]) -> list[Document]:
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            raise CorpusError(f"corpus file(s) not found: {missing}")
+        unreadable = [(p, why) for p in paths if (why := _why_not_a_file(p))]
+        if any(why != "not found" for _, why in unreadable):  # a name the file system cannot take, say
+            raise CorpusError("corpus file(s) cannot be read: " + "; ".join(f"{_shown(p)}: {why}" for p, why in unreadable))
+        if unreadable:
+            raise CorpusError(f"corpus file(s) not found: {[str(p) for p, _ in unreadable]}")
         return [Document(p.name, read_text_file(p, self.encoding_errors)) for p in paths]
 
     def splits(self) -> dict[str, list[Document]]:
@@ -194,3 +196,18 @@ class TextFilesCorpus(Corpus):
                 train, val = [Document(train[0].name, text[:cut])], [Document(train[0].name + ":tail", text[cut:])]
             self._splits = {"train": train, "validation": val}
         return self._splits
+
+
+def _why_not_a_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a corpus file, or None. A path too long for the file system raises OSError
+    from ``is_file`` itself: that is a reason too, not a traceback."""
+    try:
+        return None if path.is_file() else "not found"
+    except OSError as err:
+        return err.strerror or type(err).__name__
+
+
+def _shown(path: Path, limit: int = 120) -> str:
+    """A path for an error line: a 5,000-character one shortened, with its length."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
