@@ -73,7 +73,7 @@ def resolve_context(value: object, seq_len: int) -> int | None:
         return seq_len
     if value == "full":
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if _is_int(value) and value >= 1:
         return value
     raise GenerateError(f"context={value!r}; valid: {CONTEXT_CHOICES}")
 

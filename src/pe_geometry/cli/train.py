@@ -138,8 +138,9 @@ def unusable_run_dir(argv: list[str]) -> str | None:
             continue
         path = Path(static).expanduser().absolute()
         if problem := too_long_for_the_file_system(path):
-            shown = value if len(value) <= 80 else f"{value[:80]}... ({len(value)} characters)"
-            return f"{key}={shown} cannot be created: {problem}"
+            from pe_geometry.data.corpus import shortened_path
+
+            return f"{key}={shortened_path(value, limit=80)} cannot be created: {problem}"
         existing = next(p for p in (path, *path.parents) if p.exists())
         if not existing.is_dir():
             return f"{key}={value} cannot be created: {existing} is a file, not a directory"

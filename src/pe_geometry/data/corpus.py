@@ -177,7 +177,7 @@ class TextFilesCorpus(Corpus):
     def _read(self, paths: list[Path]) -> list[Document]:
         unreadable = [(p, why) for p in paths if (why := _why_not_a_file(p))]
         if any(why != "not found" for _, why in unreadable):  # a name the file system cannot take, say
-            raise CorpusError("corpus file(s) cannot be read: " + "; ".join(f"{_shown(p)}: {why}" for p, why in unreadable))
+            raise CorpusError("corpus file(s) cannot be read: " + "; ".join(f"{shortened_path(p)}: {why}" for p, why in unreadable))
         if unreadable:
             raise CorpusError(f"corpus file(s) not found: {[str(p) for p, _ in unreadable]}")
         return [Document(p.name, read_text_file(p, self.encoding_errors)) for p in paths]
@@ -207,7 +207,7 @@ def _why_not_a_file(path: Path) -> str | None:
         return err.strerror or type(err).__name__
 
 
-def _shown(path: Path, limit: int = 120) -> str:
+def shortened_path(path: Path | str, limit: int = 120) -> str:
     """A path for an error line: a 5,000-character one shortened, with its length."""
     text = str(path)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
