@@ -104,3 +104,80 @@ def test_untied_head_option_gives_a_separate_matrix():
     assert tied.head.weight is tied.W_E
     model = _decoder(partial(LearnedPE), tie=False)
     assert model.head.weight is not model.W_E and not torch.equal(model.head.weight, model.W_E)
+
+
+# -- the C4 controls of the width curve: a frozen table, a table read in a random order per sequence ---------------
+
+
+def _train_steps(model, steps: int = 3, seed: int = 0) -> None:
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(steps):
+        idx = torch.randint(0, VOCAB, (4, 16))
+        loss = model(idx).logsumexp(-1).mean()  # any loss that reaches every parameter
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_frozen_table_keeps_the_mixed_start_while_the_rest_trains():
+    trained = _decoder(partial(LearnedPE, init="mixed", init_k=K))
+    frozen = _decoder(partial(LearnedPE, init="mixed", init_k=K, freeze=True))
+    assert torch.equal(trained.W_pos, frozen.W_pos)  # the same start: the control differs only in training P
+    start_P, start_E = frozen.W_pos.detach().clone(), frozen.W_E.detach().clone()
+    _train_steps(frozen)
+    _train_steps(trained)
+    assert torch.equal(frozen.W_pos, start_P)
+    assert not torch.equal(frozen.W_E, start_E)  # E (and everything else) still trains
+    assert not torch.equal(trained.W_pos, start_P)
+    # the optimiser the run builds leaves it out, so weight decay cannot shrink it either
+    cfg = compose_train_config(["control=mixed_frozen"])
+    optimizer = LanguageModelTask(frozen, optimizer=instantiate(cfg.optimizer), max_steps=10).configure_optimizers()["optimizer"]
+    assert all(p is not frozen.W_pos for group in optimizer.param_groups for p in group["params"])
+
+
+def test_shuffled_table_gives_each_sequence_a_permutation_of_the_rows():
+    from pe_geometry.model.transformer import shuffled_rows
+
+    rows = torch.arange(6.0).repeat_interleave(2).view(6, 2)  # row i = (i, i)
+    torch.manual_seed(0)
+    out = shuffled_rows(rows, batch_size=5)
+    assert out.shape == (5, 6, 2)
+    for sequence in out:  # each a permutation of all six rows, each row whole
+        assert sorted(sequence[:, 0].tolist()) == list(range(6)) and torch.equal(sequence[:, 0], sequence[:, 1])
+    assert len({tuple(s[:, 0].tolist()) for s in out}) > 1  # not one order for the whole batch
+    # in the model: the input is E[x] + P[order], so a shuffled model's input rows are the plain model's, reordered
+    plain = _decoder(partial(LearnedPE))
+    shuffled = _decoder(partial(LearnedPE, shuffle=True))
+    assert torch.equal(plain.W_pos, shuffled.W_pos)
+    idx = torch.randint(0, VOCAB, (3, 10))
+    torch.manual_seed(1)
+    x = shuffled.decoder.embed(idx)
+    torch.manual_seed(1)
+    order = torch.rand(3, 10).argsort(dim=1)
+    assert torch.allclose(x, plain.decoder.embedding(idx) + plain.W_pos[order])
+    assert not torch.allclose(x, plain.decoder.embed(idx))
+
+
+def test_width_scaled_lr_scales_only_the_hidden_matrices():
+    """optimizer.lr_base_width: muP's Adam rule, hidden matrices at lr * base / d_model; E, P, norms, biases at lr."""
+    from pe_geometry.training.optimizer import adamw_warmup_cosine
+
+    for tie in (True, False):
+        model = _decoder(partial(LearnedPE), tie=tie)  # d_model 64
+        groups = adamw_warmup_cosine(model, 10, lr=1e-3, warmup_steps=0, lr_base_width=16)["optimizer"].param_groups
+        lr = {id(p): g["initial_lr"] for g in groups for p in g["params"]}
+        assert len(lr) == len(list(model.parameters()))
+        assert lr[id(model.W_E)] == lr[id(model.W_pos)] == 1e-3
+        attention = model.decoder.blocks[0].attn
+        assert lr[id(attention.q.weight)] == pytest.approx(1e-3 * 16 / 64) and lr[id(attention.q.bias)] == 1e-3
+        assert lr[id(model.decoder.blocks[0].ln_mlp.weight)] == 1e-3
+        assert lr[id(model.head.weight)] == (1e-3 if tie else pytest.approx(1e-3 * 16 / 64))  # a tied head is E
+        same = adamw_warmup_cosine(model, 10, lr=1e-3, warmup_steps=0, lr_base_width=64)["optimizer"].param_groups
+        assert {g["initial_lr"] for g in same} == {1e-3}  # at the base width, one rate
+
+
+@pytest.mark.parametrize("arm, key, value", [("mixed_frozen", "freeze", True), ("mixed_shuffled", "shuffle", True)])
+def test_c4_control_arms_compose(arm, key, value):
+    cfg = compose_train_config([f"control={arm}"])
+    assert cfg.pe.init == "mixed" and cfg.pe[key] is value and cfg.pe._target_.endswith("LearnedPE")

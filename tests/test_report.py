@@ -30,6 +30,10 @@ CONTROL_STUDIES = {
     }),
     "controls_sinusoidal": ("sinusoidal", {"baseline": {}, "word_norm": {"pe.scale": "word_norm"}, "centered": {"pe.center": True}}),
     "dose_response": (None, {"learned_baseline": {}, "word_norm": {"pe.scale": "word_norm"}}),
+    "width_curve": (None, {"learned_baseline": {}, "word_norm": {"pe.scale": "word_norm"}}),
+    "c4_controls": (None, {"mixed_init": {"pe.init": "mixed", "pe.freeze": False, "pe.shuffle": False},
+                           "mixed_frozen": {"pe.init": "mixed", "pe.freeze": True, "pe.shuffle": False},
+                           "mixed_shuffled": {"pe.init": "mixed", "pe.freeze": False, "pe.shuffle": True}}),
 }
 TINY_SWEEP = [
     "model.d_model=32", "model.n_heads=4", "model.n_layers=2", "data.seq_len=16", "data.batch_size=4", "data.vocab_size=300",
@@ -86,6 +90,9 @@ def test_control_study_composes_for_every_arm(study, arm, tmp_path):
     if study == "dose_response":
         assert cfg.model.d_model >= 128 and cfg.model.n_layers == 4 and cfg.trainer.max_steps >= 2 * 1800  # larger, longer
         assert HydraConfig.get().runtime.choices.pe == ("sinusoidal" if arm == "word_norm" else "learned")
+    elif study in ("width_curve", "c4_controls"):  # one recipe at every width: 2 blocks, head dim 16, muP-style lr
+        assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.n_layers, cfg.trainer.max_steps) == (64, 4, 2, 1400)
+        assert cfg.optimizer.lr_base_width == 64 and cfg.data.seq_len * cfg.data.batch_size * cfg.trainer.max_steps < 2 * 1.6e6
     else:  # the orthogonality study's size and cadence
         assert cfg.model.d_model == 64 and cfg.trainer.max_steps == 1800 and cfg.callbacks.geometry.every_n_steps == 25
 

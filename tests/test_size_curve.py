@@ -41,23 +41,45 @@ def test_ratio_is_each_seed_over_its_own_null_and_widths_are_sorted():
     assert trend(zero["x"]) is None
 
 
-def test_trend_is_the_least_squares_line_through_every_seed_with_its_t_test():
-    """Against numpy's polyfit and the textbook standard error of a slope, by hand."""
+def test_trend_is_the_least_squares_line_through_the_width_means_with_its_t_test():
+    """Against numpy's polyfit and the textbook standard error of a slope, by hand, on one point per width: the seeds of
+    a width are replicates, so 4 widths x 3 seeds is a test on 2 degrees of freedom, not 10."""
     rng = np.random.default_rng(0)
-    widths, seeds = [64, 128, 256], 3
+    widths, seeds = [32, 64, 128, 256], 3
     log_ratio = {d: [-0.6 * math.log2(d / 64) - 0.8 + rng.normal(0, 0.1) for _ in range(seeds)] for d in widths}
     reports = [(f"d{d}", summary(d, {"learned": ([0.1 * 2 ** y for y in log_ratio[d]], [0.1] * seeds, [0.01] * seeds)}))
                for d in widths]
     fit = trend(size_points(reports, "overlap_k8")["learned"])
-    x = np.array([math.log2(d) for d in widths for _ in range(seeds)])
-    y = np.array([v for d in widths for v in log_ratio[d]])
+    x = np.array([math.log2(d) for d in widths])
+    y = np.array([np.mean(log_ratio[d]) for d in widths])
     slope, intercept = np.polyfit(x, y, 1)
     residual = y - (slope * x + intercept)
     se = math.sqrt(residual @ residual / (len(x) - 2) / ((x - x.mean()) @ (x - x.mean())))
     from scipy import stats as scipy_stats
     assert fit["slope"] == pytest.approx(slope, rel=1e-10) and fit["se"] == pytest.approx(se, rel=1e-10)
-    assert fit["p"] == pytest.approx(2 * scipy_stats.t.sf(abs(slope / se), df=len(x) - 2), rel=1e-8)
-    assert fit["n"] == 9 and fit["widths"] == widths and -0.75 < fit["slope"] < -0.45
+    assert fit["p"] == pytest.approx(2 * scipy_stats.t.sf(abs(slope / se), df=2), rel=1e-8)
+    assert fit["df"] == 2 and fit["widths"] == widths and fit["seeds"] == [3] * 4 and -0.75 < fit["slope"] < -0.45
+    # two widths: a line but no error for it, so no test
+    assert trend(size_points(reports[:2], "overlap_k8")["learned"]) is None
+
+
+def test_trends_are_holm_corrected_together_across_figures_and_arms():
+    from pe_geometry.analysis.size_curve import correct_trends
+
+    trends = {("overlap_k8", "learned"): {"p": 0.01}, ("overlap_k8", "sinusoidal"): {"p": 0.04},
+              ("abs_cos_mean", "learned"): {"p": 0.03}, ("abs_cos_mean", "sinusoidal"): None}
+    out = correct_trends(trends)
+    assert out[("overlap_k8", "learned")]["holm_p"] == pytest.approx(0.03)  # 3 tests: 0.01 x 3
+    assert out[("abs_cos_mean", "learned")]["holm_p"] == pytest.approx(0.06)  # 0.03 x 2
+    assert out[("overlap_k8", "sinusoidal")]["holm_p"] == pytest.approx(0.06)  # 0.04 x 1, kept >= the one before
+    assert out[("abs_cos_mean", "sinusoidal")] is None and {t["n_tests"] for t in out.values() if t} == {3}
+
+
+def test_the_k_proportional_to_d_figures_are_read_from_their_own_section():
+    d128 = summary(128, {"learned": ([0.05], [0.1], [0.01])})
+    d128["verdict"][0]["input_kd8"] = {"overlap_kd8": d128["verdict"][0]["input"].pop("overlap_k8")}
+    curves = size_points([("d64", summary(64, {"learned": ([0.06], [0.125], [0.01])})), ("d128", d128)], "overlap_kd8")
+    assert [q.d_model for q in curves["learned"]] == [128]  # d64's report has no k = d/8 section: not read as one
 
 
 def test_a_seed_missing_from_one_list_is_refused_not_paired_with_another_seeds_null():
@@ -99,21 +121,22 @@ def test_two_reports_with_one_arm_at_one_width_or_without_a_width_are_refused():
 def test_pe_verdict_by_size_prints_the_curve_and_draws_it(tmp_path, capsys):
     from pe_geometry.cli.verdict import main
 
-    for d, observed in ((64, [0.06, 0.07]), (128, [0.02, 0.025])):
+    for d, observed in ((64, [0.06, 0.07]), (128, [0.02, 0.025]), (256, [0.006, 0.008])):
         folder = tmp_path / f"d{d}"
         folder.mkdir()
         null = 8 / d
         arms = {"learned": (observed, [null, null], [0.001, 0.001]), f"only at {d}": ([null], [null], [0.9])}
         (folder / "summary.json").write_text(json.dumps(summary(d, arms)))
-    text = main([str(tmp_path / "d64"), str(tmp_path / "d128"), "--by-size", "--figures", "overlap_k8",
-                 "--plot", str(tmp_path / "curve.png")])
-    assert text.splitlines()[2] == (f"Made by `pe-verdict {tmp_path / 'd64'} {tmp_path / 'd128'} --by-size --figures overlap_k8 "
+    folders = [str(tmp_path / f"d{d}") for d in (64, 128, 256)]
+    text = main([*folders, "--by-size", "--figures", "overlap_k8", "--plot", str(tmp_path / "curve.png")])
+    assert text.splitlines()[2] == (f"Made by `pe-verdict {' '.join(folders)} --by-size --figures overlap_k8 "
                                     f"--plot {tmp_path / 'curve.png'}` (analysis/size_curve.py).")
     rows = [line for line in text.splitlines() if line.startswith("| learned |")]
     assert rows[0].startswith("| learned | 64 | 2 layers, 1800 steps (d64) | 2 | 0.48, 0.56 | 0.52 ± 0.057 | 2/2 |")
     assert rows[1].startswith("| learned | 128 | 2 layers, 1800 steps (d128) | 2 | 0.32, 0.4 |")
-    assert rows[2].startswith("| learned | 64, 128 | -0.") and rows[2].endswith("| 4 |")  # the trend row
-    assert "Left out, at one width only: only at 128, only at 64." in text
+    assert rows[3].startswith("| learned | 64, 128, 256 | -0.") and "(1 df) |" in rows[3]  # the trend row: 3 widths, 1 df
+    assert "(1 tests) |" in rows[3]  # one figure x one fitted arm: Holm over 1 test
+    assert "Left out, at one width only: only at 128, only at 256, only at 64." in text
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit):  # the angle separates upwards: not a ratio below 1
         main([str(tmp_path / "d64"), str(tmp_path / "d128"), "--by-size", "--figures", "angle_mean_k8_deg"])
@@ -142,7 +165,7 @@ def test_pe_verdict_by_size_says_what_it_could_not_fit_and_turns_bad_reports_int
         (tmp_path / name / "summary.json").write_text(json.dumps(data))
     text = main([str(tmp_path / "a"), str(tmp_path / "b"), "--by-size", "--figures", "overlap_k8", "abs_cos_mean",
                  "--plot", str(tmp_path / "new" / "folder" / "curve.png")])
-    assert "No trend fitted for learned: fewer than 3 seed points" in text  # 2 points: no error for the slope
+    assert "No trend fitted for learned: fewer than 3 widths" in text  # 2 widths: no error for the slope
     assert "| learned | 128 | 2 layers, step 600 of 1800 (b) | 1 | 0.4 |" in text
     assert "No arm has this figure in two reports of different widths." in text  # abs_cos_mean is in neither
     assert (tmp_path / "new" / "folder" / "curve.png").is_file()

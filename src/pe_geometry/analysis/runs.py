@@ -39,6 +39,8 @@ ARM_SWITCHES = [
     (("pe", "init"), "normal", "mixed init"),
     (("pe", "scale"), "none", "word-norm table"),
     (("pe", "center"), False, "centred table"),
+    (("pe", "freeze"), False, "frozen table"),
+    (("pe", "shuffle"), False, "rows shuffled per sequence"),
 ]
 
 

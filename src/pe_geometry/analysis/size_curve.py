@@ -6,12 +6,16 @@ size to the next: the null itself moves with the width (the top-8 overlap's null
 effect (observed - null) would shrink with d even where nothing changed, and the ratio is the figure that
 is comparable across sizes (1 = at the null, below 1 = separated for the overlaps and |cos|).
 
-The trend is a least-squares line through every seed's point (log2 d_model, log2 ratio): its slope is
-the change in log2(ratio) per doubling of the width (-1 = the ratio halves with each doubling), with the
-slope's standard error and a two-sided t-test p (n points - 2 degrees of freedom). Seeds are independent
-runs, so each is a point; sizes with more seeds weigh more. The sizes differ in more than the width
-(depth and training length grow with them: each size's shape is printed beside it), so the slope is that
-of the whole recipe, not of d_model alone.
+The trend is tested on the width means: a least-squares line through one point per width, (log2 d_model,
+the mean over seeds of log2 ratio), with the slope's standard error and a two-sided t-test p on n_widths - 2
+degrees of freedom. The seeds of one width share everything but the seed, so they are replicates of one design
+point, not independent points of the curve: fitting every seed would count each width several times and give
+the slope too many degrees of freedom (with 3 widths, 1 is all there is). Each figure x arm is one test, and
+``correct_trends`` adjusts their p's together (Holm): a curve read from several figures and arms is many tests.
+
+Nothing checks that the reports differ in the width alone: the table prints each report's shape beside it, and
+the width-only study (configs/experiment/width_curve.yaml) holds depth, head dimension, tokens and the
+learning-rate rule fixed so that they do.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pe_geometry.extras import needs_extra
 with needs_extra("report", "the size curve"):
     from scipy import stats as scipy_stats
 
-from pe_geometry.analysis.verdict import SIGNIFICANCE
+from pe_geometry.analysis.verdict import SIGNIFICANCE, holm
 
 
 @dataclass
@@ -87,7 +91,7 @@ def size_points(reports: list[tuple[str, dict]], figure: str) -> dict[str, list[
         setup = report_setup(name, summary)
         kinds.setdefault((setup.get("model"), setup.get("seq_len")), name)
         for v in summary.get("verdict") or []:
-            f = v["input"].get(figure)
+            f = v["input"].get(figure) or (v.get("input_kd8") or {}).get(figure)
             if f is None:
                 continue
             ratios, p = seed_ratios(name, v["label"], figure, f)
@@ -106,17 +110,25 @@ def size_points(reports: list[tuple[str, dict]], figure: str) -> dict[str, list[
 
 
 def trend(points: list[SizePoint]) -> dict | None:
-    """Least squares of log2(ratio) on log2(d_model) over every seed (see the module docstring); None with fewer
-    than two widths or three seed points, where no line or no error can be fitted, and where a ratio is 0 (no log)."""
-    if any(r <= 0 for q in points for r in q.ratios):
+    """The least-squares line of the width means of log2(ratio) on log2(d_model) (see the module docstring); None with
+    fewer than three widths (no error for the slope) and where a ratio is 0 (no log)."""
+    if any(r <= 0 for q in points for r in q.ratios) or len({q.d_model for q in points}) < 3:
         return None
-    xs = [math.log2(q.d_model) for q in points for _ in q.ratios]
-    ys = [math.log2(r) for q in points for r in q.ratios]
-    if len({q.d_model for q in points}) < 2 or len(xs) < 3:
-        return None
-    fit = scipy_stats.linregress(np.array(xs), np.array(ys))
-    return {"slope": float(fit.slope), "se": float(fit.stderr), "p": float(fit.pvalue), "n": len(xs),
-            "widths": sorted({q.d_model for q in points})}
+    xs = np.array([math.log2(q.d_model) for q in points])
+    ys = np.array([float(np.mean(np.log2(q.ratios))) for q in points])
+    fit = scipy_stats.linregress(xs, ys)
+    return {"slope": float(fit.slope), "se": float(fit.stderr), "p": float(fit.pvalue), "df": len(xs) - 2,
+            "widths": [q.d_model for q in points], "seeds": [len(q.ratios) for q in points]}
+
+
+def correct_trends(trends: dict[tuple[str, str], dict | None]) -> dict[tuple[str, str], dict | None]:
+    """Each fitted trend (keyed by (figure, arm)) with ``holm_p`` and ``n_tests``: Holm over every trend fitted."""
+    fitted = [key for key, t in trends.items() if t]
+    adjusted = holm([trends[key]["p"] for key in fitted])
+    out = dict(trends)
+    for key, q in zip(fitted, adjusted):
+        out[key] = {**trends[key], "holm_p": q, "n_tests": len(fitted)}
+    return out
 
 
 def geometric_mean(ratios: list[float]) -> float:

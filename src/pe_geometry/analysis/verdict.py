@@ -63,6 +63,14 @@ INPUT_FIGURES = [
     ("abs_cos_mean", "mean |cos| over word x position pairs", "less"),
     ("angle_mean_k8_deg", "mean principal angle, top-8 subspaces (deg)", "greater"),
 ]
+# The same subspace figures with k proportional to the width, k = d_model / 8 (8 at d 64): a fixed k = 8 is a smaller
+# share of a wider model's directions, so a size curve reports both. Kept in their own section ("input_kd8"), outside
+# a report's Holm family: at d 64 they are the k = 8 figures again, and a report reads one width.
+SCALED_K_DIVISOR = 8
+SCALED_K_FIGURES = [
+    ("overlap_kd8", "top-(d/8) subspace overlap, word vs position rows", "less"),
+    ("var_share_P_in_E_kd8", "share of P's variance inside E's top-(d/8) subspace", "less"),
+]
 
 
 # ----------------------------------------------------------------------------- one run
@@ -106,15 +114,26 @@ def final_input_rows(run_dir: Path, checkpoint: Path | None = None):
     return E, P, step
 
 
+def scaled_k_figures(E, P, n_draws: int) -> dict[str, float]:
+    """rotation_null's top-k figures at k = d_model / SCALED_K_DIVISOR, named ``..._kd8`` (SCALED_K_FIGURES)."""
+    from pe_geometry.analysis.nulls import rotation_null
+
+    k = max(1, E.shape[1] // SCALED_K_DIVISOR)
+    figures = rotation_null(E, P, n_draws=n_draws, seed=0, fixed_k=k)
+    return {key.replace(f"_k{k}", f"_kd{SCALED_K_DIVISOR}", 1): value for key, value in figures.items()
+            if key.startswith(tuple(f"{name.split('_kd')[0]}_k{k}" for name, _, _ in SCALED_K_FIGURES))}
+
+
 def run_null(run: Run, n_draws: int = REPORT_DRAWS, compute: bool = True, at: str = "last") -> dict | None:
-    """The input figures of a run's final (``at="best"``: best-validation) weights with an n_draws null; cached in
-    <run>/verdict.json (verdict_best.json)."""
+    """The input figures of a run's final (``at="best"``: best-validation) weights with an n_draws null, at k = 8
+    ("figures") and k = d_model / 8 ("figures_kd8"); cached in <run>/verdict.json (verdict_best.json)."""
     from pe_geometry.analysis.nulls import rotation_null
 
     path, ckpt = run.path / verdict_file(at), checkpoint_at(run.path, at)
     if path.is_file():
         cached = json.loads(path.read_text())
         fresh = cached.get("n_draws") == n_draws and (not ckpt.is_file() or path.stat().st_mtime >= ckpt.stat().st_mtime)
+        fresh = fresh and (cached.get("figures") is None or "figures_kd8" in cached)  # one cached before k = d/8 existed
         if fresh or not compute:
             return cached
     if not compute or not ckpt.is_file():
@@ -124,7 +143,8 @@ def run_null(run: Run, n_draws: int = REPORT_DRAWS, compute: bool = True, at: st
         result = {"step": step, "n_draws": n_draws, "figures": None}
     else:
         result = {"step": step, "n_draws": n_draws, "seed": 0,
-                  "figures": rotation_null(E, P, n_draws=n_draws, seed=0, fixed_k=8)}
+                  "figures": rotation_null(E, P, n_draws=n_draws, seed=0, fixed_k=8),
+                  "figures_kd8": scaled_k_figures(E, P, n_draws)}
     atomic_write_text(path, json.dumps(result, indent=1))
     return result
 
@@ -167,7 +187,8 @@ def _logged_init(run: Run, key: str) -> float | None:
 
 def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = True, at: str = "last") -> dict:
     """Every verdict figure of one arm (see the module docstring), of each run's ``at`` checkpoint."""
-    out: dict = {"label": group.label, "seeds": group.seeds, "n_draws": n_draws, "at": at, "input": {}, "hidden": {}, "attn": {}}
+    out: dict = {"label": group.label, "seeds": group.seeds, "n_draws": n_draws, "at": at, "input": {}, "input_kd8": {},
+                 "hidden": {}, "attn": {}}
     nulls, at_step = [], {}
     for run in group.runs:
         try:
@@ -182,17 +203,23 @@ def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = Tru
     # at="best": each run's logged figures are read at its best checkpoint's step, and a run without one is left out
     runs = [r for r in group.runs if at == "last" or r.path in at_step]
     upto = at_step.get
-    for figure, _, side in INPUT_FIGURES:
-        rows = [(r, res["figures"]) for r, res in nulls if figure in res["figures"]]
-        if not rows:
-            continue
-        verdict = combine_seeds([f[figure] for _, f in rows], [f[f"{figure}_null_mean"] for _, f in rows],
-                                [f[f"{figure}_p"] for _, f in rows], [f[f"{figure}_z"] for _, f in rows], side)
-        init = [v for r, _ in rows if (v := _logged_init(r, names.input_metric(figure))) is not None]
-        verdict["init"] = stats(init)
-        verdict["step"] = max(res["step"] for _, res in nulls)
-        verdict["seed_steps"] = [int(res["step"]) for r, res in nulls if figure in res["figures"]]  # at="best": one per seed
-        out["input"][figure] = verdict
+    for section, figures, key in (("input", INPUT_FIGURES, "figures"), ("input_kd8", SCALED_K_FIGURES, "figures_kd8")):
+        for figure, _, side in figures:
+            rows = [(r, res) for r, res in nulls if figure in (res.get(key) or {})]
+            if not rows:
+                continue
+            f = [res[key] for _, res in rows]
+            verdict = combine_seeds([x[figure] for x in f], [x[f"{figure}_null_mean"] for x in f],
+                                    [x[f"{figure}_p"] for x in f], [x[f"{figure}_z"] for x in f], side)
+            # the step-0 value, seed by seed (None where a run did not log it, so the lists stay paired); k = d/8
+            # figures were not logged during training: their start is not known
+            init = [_logged_init(r, names.input_metric(figure)) if section == "input" else None for r, _ in rows]
+            verdict["init"] = stats([v for v in init if v is not None])
+            verdict["init_per_seed"] = init
+            verdict["step"] = max(res["step"] for _, res in nulls)
+            verdict["seed_steps"] = [int(res["step"]) for _, res in rows]  # at="best": one per seed
+            verdict["run_seeds"] = [r.seed for r, _ in rows]  # which seed each value is (arms are paired by it)
+            out[section][figure] = verdict
 
     n_layers = n_layers_of(group)
     if n_layers:

@@ -5,6 +5,7 @@
     pe-verdict REPORT... --compact --figures overlap_k8 var_share_P_in_E_k8  # one row per arm
     pe-verdict REPORT... --by-size --plot size_curve.png   # the dose-response: each arm's ratio to its null vs d_model
     pe-verdict --update-report REPORT...   # rewrite each REPORT/report.md's "## Verdict" section from its summary.json
+    pe-verdict REPORT --contrast 'learned + mixed init k=8'   # each other arm's change from step 0 against this arm's
 
 Reads each report's summary.json (written by pe-report) and prints one set of markdown
 tables, a block of rows per report, in the order given. Each report is its own family for
@@ -13,7 +14,8 @@ summary.json reads under the same rule. With --update-report, instead of a table
 report's verdict section is rewritten in place and the rest of report.md kept byte for byte
 (the run folders behind a committed report need not be on the machine). With --by-size the
 reports are sizes of one study: each arm (matched by label) gets its measured / null ratio
-per seed at each width and a fitted trend per doubling of d_model (analysis/size_curve.py).
+per seed at each width and a fitted trend per doubling of d_model (analysis/size_curve.py). With --contrast ARM, each other arm of the report is read against ARM: how far each
+input figure moved from step 0 to the end, the difference paired by seed (analysis/control_contrast.py).
 """
 
 from __future__ import annotations
@@ -31,12 +33,20 @@ from pe_geometry.extras import exit_on_missing_extra
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
     from pe_geometry.analysis.report.figures import plot_size_curve
-    from pe_geometry.analysis.report.markdown import compact_verdict_table, size_curve_table, verdict_markdown, verdict_tables
-    from pe_geometry.analysis.size_curve import size_points, trend
-    from pe_geometry.analysis.verdict import INPUT_FIGURES, correct_report
+    from pe_geometry.analysis.control_contrast import contrast
+    from pe_geometry.analysis.report.markdown import (
+        compact_verdict_table,
+        contrast_table,
+        size_curve_table,
+        verdict_markdown,
+        verdict_tables,
+    )
+    from pe_geometry.analysis.size_curve import correct_trends, size_points, trend
+    from pe_geometry.analysis.verdict import INPUT_FIGURES, SCALED_K_FIGURES, correct_report
 
 # The size curve reads a ratio to the null where below 1 means separated: the angle separates upwards, so it is left out.
-SIZE_FIGURES = [f for f, _, side in INPUT_FIGURES if side == "less"]
+# The k = d/8 figures are in a report made since they existed (its runs' verdict.json are recomputed on the next pe-report).
+SIZE_FIGURES = [f for f, _, side in INPUT_FIGURES + SCALED_K_FIGURES if side == "less"]
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -49,6 +59,9 @@ def main(argv: list[str] | None = None) -> str:
                         help=f"the reports are sizes of one study: each arm's measured / null ratio against d_model and its trend "
                              f"(figures: {', '.join(SIZE_FIGURES)})")
     parser.add_argument("--plot", type=Path, default=None, help="with --by-size: write the curve to this PNG")
+    parser.add_argument("--contrast", metavar="ARM", default=None,
+                        help="one report: each other arm's change of each input figure (end - step 0) against ARM's, "
+                             "paired by seed (e.g. the controls of a mixed-init table)")
     parser.add_argument("--update-report", action="store_true",
                         help="rewrite the '## Verdict' section of each REPORT/report.md from its summary.json (nothing else)")
     args = parser.parse_args(argv)
@@ -56,6 +69,8 @@ def main(argv: list[str] | None = None) -> str:
         parser.error("--plot draws the size curve: use it with --by-size")
     if args.compact and args.by_size:
         parser.error("--compact and --by-size are two different tables: choose one")
+    if args.contrast is not None and (args.compact or args.by_size or args.update_report or len(args.reports) > 1):
+        parser.error("--contrast reads the arms of one report: give one REPORT, without --compact, --by-size or --update-report")
     if args.update_report and (args.compact or args.by_size or args.figures):
         parser.error("--update-report writes the report's whole verdict section: no --compact, --by-size or --figures")
     summaries = []
@@ -73,6 +88,17 @@ def main(argv: list[str] | None = None) -> str:
     if args.by_size:
         command = "pe-verdict " + shlex.join(sys.argv[1:] if argv is None else argv)
         return by_size(parser, summaries, args.figures or SIZE_FIGURES, args.plot, command)
+    if args.contrast is not None:
+        figures = [f for f, _, _ in INPUT_FIGURES if not args.figures or f in args.figures]
+        try:
+            rows = contrast(summaries[0][1]["verdict"], args.contrast, figures)
+        except ValueError as err:
+            parser.error(str(err))
+        if not rows:
+            parser.error(f"no other arm shares a seed and a logged step 0 with {args.contrast!r}: nothing to contrast")
+        text = "\n".join(contrast_table(rows, args.contrast))
+        print(text)
+        return text
     if args.update_report:
         text = "\n".join(update_report(parser, folder, summary) for folder, (_, summary) in zip(args.reports, summaries))
         print(text)
@@ -112,20 +138,25 @@ def by_size(parser: argparse.ArgumentParser, summaries: list[tuple[str, dict]], 
     if wrong:
         parser.error(f"--by-size reads a ratio where below 1 is separated; {', '.join(wrong)} "
                      f"{'is' if len(wrong) == 1 else 'are'} not one of: {', '.join(SIZE_FIGURES)}")
-    titles = {f: t for f, t, _ in INPUT_FIGURES}
+    titles = {f: t for f, t, _ in INPUT_FIGURES + SCALED_K_FIGURES}
     lines, panels = ["# The dose-response across widths", "", f"Made by `{command}` (analysis/size_curve.py).", ""], []
+    every: dict[str, dict] = {}
     for figure in figures:
         try:
-            curves = size_points(summaries, figure)
+            every[figure] = size_points(summaries, figure)
         except ValueError as err:
             parser.error(str(err))
+    # one Holm family: every figure x arm whose trend could be fitted
+    trends = correct_trends({(figure, label): trend(points) for figure, curves in every.items()
+                             for label, points in curves.items() if len(points) > 1})
+    for figure, curves in every.items():
         one_width = sorted(label for label, points in curves.items() if len(points) == 1)
         curves = {label: points for label, points in curves.items() if len(points) > 1}
         lines += [f"### {titles[figure]}", ""]
         if not curves:
             lines += ["No arm has this figure in two reports of different widths.", ""]
         else:
-            lines += size_curve_table(curves, {label: trend(points) for label, points in curves.items()})
+            lines += size_curve_table(curves, {label: trends[(figure, label)] for label in curves})
         if one_width:
             lines += [f"Left out, at one width only: {', '.join(one_width)}.", ""]
         panels.append((titles[figure], curves))

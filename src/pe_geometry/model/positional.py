@@ -51,6 +51,7 @@ class PositionalEncoding(nn.Module):
     """Base class: a no-op in every hook. Subclasses override what they use."""
 
     causal: bool = False  # set by the stack that owns the encoding (a decoder's: True)
+    shuffle: bool = False  # True: each sequence reads the input term's rows in its own random order (a control)
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -185,13 +186,21 @@ class LearnedPE(PositionalEncoding):
     with C (max_len, k) standard normal and V_k (k, D) the top-k right singular vectors of the
     centred rows of E. Each row then has the normal init's expected squared norm INIT_STD^2 * d_model,
     but no component outside E's top-k directions: a control for whether training separates P from E.
+
+    Two more controls for that question (the size-curve issue's C4 controls): ``freeze=True`` keeps the table
+    at its initialisation (not trained: how far does the overlap move only because E changes?), and
+    ``shuffle=True`` gives each sequence its own random order of the table's rows (see ``Stack.embed``), so the
+    rows are trained but carry no information about where a token is.
     """
 
-    def __init__(self, d_model: int, n_heads: int, max_len: int = 512, init: str = "normal", init_k: int = 8) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, max_len: int = 512, init: str = "normal", init_k: int = 8,
+        freeze: bool = False, shuffle: bool = False,
+    ) -> None:
         super().__init__(d_model, n_heads)
         self.check_settings(d_model, n_heads, seq_len=0, max_len=max_len, init=init, init_k=init_k)
-        self.max_len, self.init, self.init_k = max_len, init, init_k
-        self.weight = nn.Parameter(torch.randn(max_len, d_model) * INIT_STD)
+        self.max_len, self.init, self.init_k, self.shuffle = max_len, init, init_k, shuffle
+        self.weight = nn.Parameter(torch.randn(max_len, d_model) * INIT_STD, requires_grad=not freeze)
 
     @torch.no_grad()
     def finish_init(self, embedding: TokenEmbedding) -> None:

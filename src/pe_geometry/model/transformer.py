@@ -110,6 +110,14 @@ class Block(nn.Module):
         return self._sublayer(x, self.ln_mlp, self.mlp)
 
 
+def shuffled_rows(rows: Tensor, batch_size: int) -> Tensor:
+    """(T, D) -> (B, T, D): each sequence gets the T rows in its own random order (torch's global generator, which
+    a checkpoint saves, so a resumed run draws the same orders). Position then carries no information: the control
+    arm of ``pe.shuffle``."""
+    order = torch.rand(batch_size, rows.shape[0], device=rows.device).argsort(dim=1)
+    return rows[order]
+
+
 class Stack(nn.Module):
     """Token embedding + positional input term, ``config.n_layers`` blocks, final norm (pre-LN only)."""
 
@@ -128,6 +136,8 @@ class Stack(nn.Module):
         of positions ``start_pos .. start_pos + T - 1``."""
         x = self.embedding(idx)  # (B, T, D)
         position = self.pe.input_term(idx.shape[1], start_pos)
+        if position is not None and self.pe.shuffle:
+            position = shuffled_rows(position, idx.shape[0])
         if position is not None:
             x = x + position
         return self.dropout(x)

@@ -50,6 +50,23 @@ def weight_decay_groups(model: torch.nn.Module, weight_decay: float, no_decay_em
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def width_scaled_groups(groups: list[dict[str, Any]], model: torch.nn.Module, lr: float, base_width: int) -> list[dict[str, Any]]:
+    """``groups`` with the hidden matrices' learning rate scaled by ``base_width / model.d_model`` (muP's rule for Adam,
+    Yang et al. 2022, Tensor Programs V, table 3): a matrix whose both sides grow with the width (attention and MLP
+    weights, an untied output head) gets lr * base_width / d_model; the word embedding, the positional encoding's
+    parameters (a learned table), norms and biases keep ``lr``. The tied output head is the word embedding, so it
+    keeps ``lr`` with it. Unlike full muP the initialisation and the output multiplier stay as they are: the
+    "muP-style" rule the width curve states. At ``d_model == base_width`` every group has ``lr``."""
+    ratio = base_width / model.d_model
+    vectors_like = {id(p) for p in embedding_parameters(model)}
+    out = []
+    for group in groups:
+        hidden = [p for p in group["params"] if p.dim() >= 2 and id(p) not in vectors_like]
+        rest = [p for p in group["params"] if not (p.dim() >= 2 and id(p) not in vectors_like)]
+        out += [{**group, "params": params, "lr": lr * scale} for params, scale in ((hidden, ratio), (rest, 1.0)) if params]
+    return out
+
+
 def adamw_warmup_cosine(
     model: torch.nn.Module,
     max_steps: int,
@@ -60,14 +77,20 @@ def adamw_warmup_cosine(
     min_lr_ratio: float = 0.1,
     no_decay_embeddings: bool = False,
     fused: bool = False,
+    lr_base_width: int | None = None,
 ) -> dict[str, Any]:
     """AdamW on ``weight_decay_groups``, its LR warmed up linearly over ``warmup_steps`` then decayed along a
     cosine to ``min_lr_ratio * lr`` at ``max_steps``, stepped every optimiser step.
 
     ``fused``: torch's fused AdamW, one kernel for every parameter's update (``trainer=gpu`` sets it; the same
     update up to float rounding). Off: torch's own choice (its multi-tensor loop on CUDA, a per-parameter loop on
-    a CPU), which is why off passes ``None``, not ``False``: ``False`` would also switch the multi-tensor loop off."""
+    a CPU), which is why off passes ``None``, not ``False``: ``False`` would also switch the multi-tensor loop off.
+
+    ``lr_base_width``: ``lr`` is the rate at that width, and the hidden matrices' rate scales as 1 / d_model from
+    there (``width_scaled_groups``); None: one rate for every parameter."""
     groups = weight_decay_groups(model, weight_decay, no_decay_embeddings)
+    if lr_base_width is not None:
+        groups = width_scaled_groups(groups, model, lr, lr_base_width)
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True if fused else None)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, warmup_steps, max_steps, min_lr_ratio)

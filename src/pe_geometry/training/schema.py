@@ -89,6 +89,8 @@ class LearnedSettings(TargetSettings):
     max_len: int = what(f"an integer in [1, {MAX_LEARNED_POSITIONS}] (rows of the learned table)", 512, ge=1, le=MAX_LEARNED_POSITIONS)
     init: Literal["normal", "mixed"] = what("one of ['normal', 'mixed']", "normal")
     init_k: int = what("a positive integer", 8, ge=1)
+    freeze: bool = what("true or false", False, strict=True)  # the table stays at its initialisation (a control)
+    shuffle: bool = what("true or false", False, strict=True)  # each sequence reads the rows in a random order (a control)
 
 
 # model.positional.ROPE_SCALINGS (kept here so the schema imports no torch; tests/test_pe_families.py checks they agree)
@@ -194,6 +196,7 @@ class OptimizerSettings(Settings):
     min_lr_ratio: float = what("a fraction in [0, 1] of optimizer.lr", 0.1, ge=0, le=1)
     no_decay_embeddings: bool = what("true or false", False, strict=True)
     fused: bool = what("true or false", False, strict=True)  # torch's fused AdamW kernel (trainer=gpu sets it)
+    lr_base_width: int | None = what("a positive integer (the d_model optimizer.lr is meant for), or null", None, ge=1)
 
 
 PRECISIONS = ("64", "64-true", "32", "32-true", "16", "16-mixed", "16-true", "bf16", "bf16-mixed", "bf16-true",

@@ -252,17 +252,39 @@ def size_curve_table(curves: dict, trends: dict) -> list[str]:
              "whether it is off its null).", ""]
     lines += md_table(header, rows)
     fits = [[label, ", ".join(str(d) for d in t["widths"]), f"{fmt(t['slope'], 3)} ± {fmt(t['se'], 2)}",
-             f"{fmt(2 ** t['slope'], 3)}", fmt(t["p"], 2), str(t["n"])] for label, t in trends.items() if t]
+             f"{fmt(2 ** t['slope'], 3)}", f"{fmt(t['p'], 2)} ({t['df']} df)",
+             f"{fmt(t['holm_p'], 2)} ({t['n_tests']} tests)" if "holm_p" in t else "–"]
+            for label, t in trends.items() if t]
     if fits:
-        lines += ["Trend: least squares of log2(ratio) on log2(d_model) over every seed; slope = change of log2(ratio) per "
-                  "doubling of d_model ± its standard error; p = two-sided t-test of slope 0. The sizes differ in depth "
-                  "and training length too (shape column), so this is the trend of the whole recipe, not of the width "
-                  "alone; below the null, a negative slope means separating more as the model grows.", ""]
-        lines += md_table(["arm", "widths", "slope per doubling ± se", "ratio factor per doubling", "p", "points"], fits)
+        lines += ["Trend: least squares of the width means of log2(ratio) on log2(d_model), one point per width (the seeds "
+                  "of a width are replicates of one design point); slope = change of log2(ratio) per doubling of d_model "
+                  "± its standard error; p = two-sided t-test of slope 0 on widths - 2 degrees of freedom; Holm p = "
+                  "adjusted over every figure x arm of this curve. Where the shape column differs between widths, this is "
+                  "the trend of the whole recipe, not of the width alone; below the null, a negative slope means "
+                  "separating more as the model grows.", ""]
+        lines += md_table(["arm", "widths", "slope per doubling ± se", "ratio factor per doubling", "p", "Holm p"], fits)
     unfitted = [label for label, t in trends.items() if not t]
     if unfitted:
-        lines += [f"No trend fitted for {', '.join(unfitted)}: fewer than 3 seed points, or a ratio of 0 (no log).", ""]
+        lines += [f"No trend fitted for {', '.join(unfitted)}: fewer than 3 widths, or a ratio of 0 (no log).", ""]
     return lines
+
+
+def contrast_table(rows: list[dict], reference: str) -> list[str]:
+    """analysis/control_contrast.py's rows: each control arm's change of a figure from step 0 to the end beside the
+    reference arm's, and their difference paired by seed."""
+    titles = {f: t for f, t, _ in verdict.INPUT_FIGURES}
+    header = ["arm", "figure", "seeds", "step 0 (ref. / arm)", f"change, {reference}", "change, arm",
+              "arm - reference, per seed", "mean ± sd", "p", "Holm p"]
+    table = [[row["arm"], titles.get(row["figure"], row["figure"]), ", ".join(str(s) for s in row["seeds"]),
+              f"{fmt(row['reference_start']['mean'], 3)} / {fmt(row['start']['mean'], 3)}",
+              fmt_stats(row["reference_change"], 3), fmt_stats(row["arm_change"], 3),
+              ", ".join(fmt(x, 3) for x in row["difference"]["values"]), fmt_stats(row["difference"], 3),
+              fmt(row["p"], 2), f"{fmt(row['holm_p'], 2)} ({row['n_tests']} tests)" if "holm_p" in row else "–"]
+             for row in rows]
+    lines = [f"Change = the figure at the end minus at step 0, per seed (mean ± sd over seeds); arm - reference = the arm's "
+             f"change minus {reference}'s, paired by seed (the arms of a seed start from the same E and P); p = two-sided "
+             f"one-sample t-test of those differences (seeds - 1 df); Holm over every row.", ""]
+    return lines + md_table(header, table)
 
 
 def key_figures_section(data: ReportData) -> list[str]:
