@@ -610,3 +610,60 @@ def test_every_label_lies_inside_its_figure(tmp_path, monkeypatch):
         tight = fig.get_tightbbox(renderer)  # inches; what is drawn, tick labels included
         assert (tight.x0 >= -0.01 and tight.y0 >= -0.01 and tight.x1 <= fig.get_figwidth() + 0.01
                 and tight.y1 <= fig.get_figheight() + 0.01), fig.get_suptitle().splitlines()[0]
+
+
+@pytest.mark.slow  # the sweep fixture runs train.py in a subprocess
+def test_a_run_killed_before_its_end_is_named_not_read_as_finished(sweep, tmp_path, caplog):
+    """A run stopped short of trainer.max_steps without an early stop: pe-report says so (log, report.md, summary.json)
+    rather than label its last step 'end'; an early-stopped run and a finished one are not flagged."""
+    import shutil
+
+    import torch
+    import yaml
+
+    from pe_geometry.analysis.runs import how_it_ended, load_run
+
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy, ignore=shutil.ignore_patterns("report"))
+    killed, stopped = _run(copy, "learned", 0), _run(copy, "learned", 1)
+    for run in (killed, stopped):  # as if configured for 60 steps: the checkpoint at step 6 is short of it
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["trainer"]["max_steps"] = 60
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    ckpt = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=False)
+    ckpt["callbacks"]["EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}"] = {"wait_count": 3, "patience": 3, "stopped_epoch": 0}
+    torch.save(ckpt, stopped / "checkpoints" / "last.ckpt")
+    assert [how_it_ended(load_run(r)) for r in (killed, stopped, _run(copy, "rope", 0))] == ["unfinished", "early-stopped", "finished"]
+
+    with caplog.at_level("WARNING"):
+        report_main([str(copy), "--no-pretrained", "--no-extrapolation", "--no-verdict"])
+    assert "0_decoder-learned-s0 ended at step 6 of 60 without an early stop" in caplog.text
+    assert "1_decoder-learned-s1" not in caplog.text
+    md = (copy / "report" / "report.md").read_text()
+    assert "**Unfinished runs**: `0_decoder-learned-s0` (step 6) stopped before trainer.max_steps" in md
+    runs = {r["dir"]: r["ended"] for r in json.loads((copy / "report" / "summary.json").read_text())["runs"]}
+    assert runs["0_decoder-learned-s0"] == "unfinished" and runs["1_decoder-learned-s1"] == "early-stopped"
+    assert runs[_run(copy, "rope", 0).name] == "finished"
+
+
+def test_the_minilm_analysis_is_computed_once_and_again_only_for_another_checkpoint(tmp_path, monkeypatch):
+    """Before: every pe-report of every sweep re-analysed MiniLM (minutes; 675 s on a loaded machine)."""
+    import time
+
+    from pe_geometry.analysis import pretrained
+    from pe_geometry.analysis.report import build
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "weights.bin").write_bytes(b"one")
+    calls = []
+    monkeypatch.setattr(pretrained, "default_model_dir", lambda: model_dir)
+    monkeypatch.setattr(pretrained, "analyse", lambda: calls.append(1) or {"model": {"d_model": len(calls)}})
+    monkeypatch.setenv("PE_CACHE_DIR", str(tmp_path / "cache"))
+    first, source = build.load_pretrained(None, tmp_path / "a")
+    second, again = build.load_pretrained(None, tmp_path / "b")
+    assert len(calls) == 1 and first == second == {"model": {"d_model": 1}} and source == again
+    assert json.loads((tmp_path / "b" / "pretrained.json").read_text()) == first  # each report still holds its copy
+    time.sleep(0.01)
+    (model_dir / "weights.bin").write_bytes(b"another checkpoint")
+    assert build.load_pretrained(None, tmp_path / "c")[0] == {"model": {"d_model": 2}} and len(calls) == 2

@@ -91,3 +91,29 @@ def test_wandb_summary_charts_each_headline_figure_and_the_angle_table():
 def test_no_headline_figures_no_geometry_lines(records):
     """RoPE, ALiBi and no PE log hidden-state geometry only: the summary then has no headline line to print."""
     assert geometry_callback(records).summary_lines() == []
+
+
+def test_a_rope_run_ends_with_its_probe_and_block_0_attention_beside_their_baselines():
+    """RoPE and ALiBi add no input table: their summary once had no geometry at all, although the probe and block 0's
+    attention were logged. Now: the probe at the last block's input (2 blocks: states 0, 1, 2 -> block 1's input) and
+    block 0's positional share and distance, averaged over heads, each beside its null or chance."""
+    def step(r2: dict[int, float], share: tuple[float, float], distance: tuple[float, float]) -> dict[str, float]:
+        record = {f"geometry/hidden/layer{i}/position_r2": v for i, v in r2.items()}
+        for h in (0, 1):
+            record[f"geometry/attn/head{h}/positional_share"] = share[h]
+            record[f"geometry/attn/head{h}/positional_share_null_mean"] = 0.1 * (h + 1)
+            record[f"geometry/attn/head{h}/mean_distance"] = distance[h]
+            record[f"geometry/attn/head{h}/mean_distance_chance"] = 10.0
+        return record
+
+    records = {0: step({0: 0.0, 1: 0.05, 2: 0.01}, (0.2, 0.4), (10.0, 12.0)),
+               100: step({0: 0.0, 1: 0.5, 2: 0.9}, (0.6, 0.8), (3.0, 5.0)),
+               50: {"geometry/attn/head0/positional_share": 0.0}}  # a record without the probe does not count as its end
+    records[100].update({"geometry/hidden/layer1/position_r2_null_mean": -0.01, "geometry/hidden/layer1/position_r2_p": 0.0476})
+    lines = geometry_callback(records).summary_lines()
+    assert lines[0].split() == ["position", "probe", "R²", "(block", "1", "input)", "step", "0:", "0.0500", "step", "100:",
+                                "0.5000", "null", "-0.0100,", "p", "0.048"]
+    assert lines[1].startswith("block 0 positional share (2 heads)") and lines[1].split()[-6:] == [
+        "0.3000", "step", "100:", "0.7000", "null", "0.1500"]
+    assert lines[2].startswith("block 0 mean distance (2 heads)") and lines[2].split()[-6:] == [
+        "11.0000", "step", "100:", "4.0000", "uniform", "10.0000"]

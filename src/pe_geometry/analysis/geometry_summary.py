@@ -7,6 +7,8 @@ and, where the record has one, its spectra-keeping null.
 
 from __future__ import annotations
 
+import re
+
 from pe_geometry.analysis import metric_names as names
 from pe_geometry.training.wandb_run import LineChart, Table
 
@@ -29,7 +31,48 @@ def summary_lines(records: dict[int, dict[str, float]]) -> list[str]:
         null_mean, null_std, p_value = (records[last].get(names.companion(name, s)) for s in ("_null_mean", "_null_std", "_p"))
         if None not in (null_mean, null_std, p_value):  # the spectra-keeping null: is the end value an effect?
             beside += f"   null {null_mean:.4f} ± {null_std:.4f}, p {p_value:.3f}"
-        lines.append(f"{name:<28} step {first}: {at_init:.4f}   step {last}: {records[last][name]:.4f}{beside}")
+        lines.append(f"{name:<36} step {first}: {at_init:.4f}   step {last}: {records[last][name]:.4f}{beside}")
+    return lines + probe_line(records) + attention_lines(records)
+
+
+def _first_and_last(records: dict[int, dict[str, float]], key: str) -> tuple[int, int] | None:
+    steps = [s for s in sorted(records) if key in records[s]]
+    return (steps[0], steps[-1]) if steps else None
+
+
+def probe_line(records: dict[int, dict[str, float]]) -> list[str]:
+    """The position probe at the last block's input (the verdict's, every PE type has one), beside its null."""
+    layers = {int(m.group(1)) for r in records.values() for k in r
+              if (m := re.fullmatch(rf"{names.PREFIX}/hidden/layer(\d+)/position_r2", k))}
+    if not layers:
+        return []
+    layer = names.last_block_input(max(layers))  # the highest index is the stack's output, n_layers
+    key = names.hidden_metric(layer, "position_r2")
+    first, last = _first_and_last(records, key)
+    null_mean, p_value = (records[last].get(names.companion(key, s)) for s in ("_null_mean", "_p"))
+    beside = f"   null {null_mean:.4f}, p {p_value:.3f}" if None not in (null_mean, p_value) else ""
+    return [f"{'position probe R² (block ' + str(layer) + ' input)':<36} step {first}: {records[first][key]:.4f}   "
+            f"step {last}: {records[last][key]:.4f}{beside}"]
+
+
+def attention_lines(records: dict[int, dict[str, float]]) -> list[str]:
+    """Block 0 over its heads: the share of score variance from position (beside its rotation null where the encoding
+    has one, RoPE/xPos) and how far the heads look (beside uniform attention's distance)."""
+    last_record = records[max(records)]
+    heads = sorted({int(m.group(1)) for k in last_record if (m := re.fullmatch(rf"{names.PREFIX}/attn/head(\d+)/positional_share", k))})
+    lines = []
+    for label, term, baseline, baseline_label in (("positional share", "positional", "_null_mean", "null"),
+                                                  ("mean distance", None, "_chance", "uniform")):
+        keys = [names.attention_share_metric(h, term) if term else names.attention_distance_metric(h) for h in heads]
+        span = _first_and_last(records, keys[0]) if keys else None
+        if span is None:
+            continue
+        first, last = span
+        mean = lambda step, suffix="": sum(records[step].get(k + suffix, float("nan")) for k in keys) / len(keys)  # noqa: E731
+        base = mean(last, baseline)
+        beside = f"   {baseline_label} {base:.4f}" if base == base else ""  # NaN: no baseline logged
+        lines.append(f"{'block 0 ' + label + ' (' + str(len(keys)) + ' heads)':<36} step {first}: {mean(first):.4f}   "
+                     f"step {last}: {mean(last):.4f}{beside}")
     return lines
 
 

@@ -164,6 +164,32 @@ def load_run(run_dir: Path) -> Run:
     return run
 
 
+def last_step(run: Run) -> int:
+    """The last step the run logged anything at (0 for a run that logged nothing)."""
+    return int(max((steps[-1] for steps, _ in run.series.values() if len(steps)), default=0))
+
+
+def how_it_ended(run: Run) -> str:
+    """"finished" (its checkpoint reached trainer.max_steps), "early-stopped" (callbacks=early_stop ended it: its saved
+    EarlyStopping state has waited ``patience`` validations) or "unfinished" (killed or stopped before either: what a
+    report calls its end is only where it got to, and ``ckpt_path=auto`` continues it)."""
+    max_steps = (run.config.get("trainer") or {}).get("max_steps")
+    ckpt = run.path / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file():
+        return "finished" if max_steps is None or last_step(run) >= max_steps else "unfinished"
+    import torch  # only for a run with a checkpoint; mmap: the weights are not read
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    if max_steps is None or int(state.get("global_step", 0)) >= max_steps:
+        return "finished"
+    stops = [v for k, v in (state.get("callbacks") or {}).items() if k.startswith(("EarlyStop", "EarlyStopping"))]
+    # Lightning's rule (training/callbacks.py ran_out_of_patience), or a stop on a threshold it recorded a reason for
+    if any(v.get("wait_count", 0) >= max(v.get("patience", 1), 1) or "THRESHOLD" in str(v.get("stopping_reason", ""))
+           or "NON_FINITE" in str(v.get("stopping_reason", "")) for v in stops):
+        return "early-stopped"
+    return "unfinished"
+
+
 def find_runs(root: Path) -> list[Run]:
     """Every run directory below root (or root itself): config.yaml + csv/metrics.csv."""
     runs = []

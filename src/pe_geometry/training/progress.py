@@ -3,7 +3,9 @@
 ``StepProgress`` counts optimiser steps of the whole run (``trainer.max_steps``), so its ETA is
 for the run, not for an epoch; a resumed run starts the bar at its resume step. When stdout is not
 a terminal (nohup, a SLURM log, a pipe) it writes one line every ``log_every_n_steps`` steps
-instead: step, train loss, last validation loss, tokens/s, ETA.
+instead: step, train loss, last validation loss, tokens/s, ETA. The last step's line waits for the validation
+after it, so it shows that step's val/loss (the summary's), not the one before. A job of a sweep starts each
+line (and names its bar) with its folder's name, so the lines of jobs that run side by side can be told apart.
 
 ``ValidateAtEnd`` asks Lightning to validate after the last step, so every run ends with a
 validation loss, also one shorter than ``trainer.val_check_interval``.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
@@ -46,6 +49,8 @@ class StepProgress(ProgressBar):
         self._start_time = 0.0
         self._start_step = 0
         self._last_step = -1  # the global step at the last batch end: a micro-batch leaves it unchanged
+        self._final_line: list[str] | None = None  # the last step's line, printed once its validation has run
+        self._job = sweep_job_name()
 
     # Lightning's ProgressBar interface
     def disable(self) -> None:
@@ -65,7 +70,8 @@ class StepProgress(ProgressBar):
         self._last_step = trainer.global_step
         self._tokens_per_step = self._tokens_per_optimiser_step(trainer)
         if not self.use_lines:
-            self._bar = tqdm(total=trainer.max_steps, initial=trainer.global_step, unit="step", dynamic_ncols=True, file=sys.stdout)
+            self._bar = tqdm(total=trainer.max_steps, initial=trainer.global_step, unit="step", dynamic_ncols=True, file=sys.stdout,
+                             desc=self._job)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
         if not (self._enabled and trainer.is_global_zero) or trainer.global_step == self._last_step:
@@ -84,15 +90,25 @@ class StepProgress(ProgressBar):
             done = step - self._start_step
             rate = done / elapsed if elapsed > 0 else 0.0
             eta = format_duration((trainer.max_steps - step) / rate) if rate > 0 else "?"
-            parts = [f"step {step}/{trainer.max_steps}"]
+            parts = [(f"[{self._job}] " if self._job else "") + f"step {step}/{trainer.max_steps}"]
             if train_loss is not None:
                 parts.append(f"train/loss {float(train_loss):.4f}")
-            parts.append(f"val/loss {float(val_loss):.4f}" if val_loss is not None else "val/loss -")
             parts.append(f"{rate * self._tokens_per_step:,.0f} tokens/s")
             parts.append(f"ETA {eta}")
-            log.info(" | ".join(parts))
+            if step == trainer.max_steps:  # ValidateAtEnd validates after this step: print the line with its val/loss
+                self._final_line = parts
+            else:
+                self._log_line(parts, val_loss)
+
+    def _log_line(self, parts: list[str], val_loss) -> None:
+        """The parts with the val/loss inserted after the train loss (before tokens/s)."""
+        shown = f"val/loss {float(val_loss):.4f}" if val_loss is not None else "val/loss -"
+        log.info(" | ".join(parts[:-2] + [shown] + parts[-2:]))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._final_line is not None:
+            self._log_line(self._final_line, trainer.callback_metrics.get("val/loss"))
+            self._final_line = None
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -106,6 +122,16 @@ class StepProgress(ProgressBar):
         if dm is None:
             return 0
         return int(dm.batch_size * dm.seq_len * trainer.accumulate_grad_batches * trainer.world_size)
+
+
+def sweep_job_name() -> str | None:
+    """The job's folder name (``0_decoder-learned-s0``) when Hydra runs this process as a job of a sweep; None otherwise."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(HydraConfig.get().runtime.output_dir).name
 
 
 class ValidateAtEnd(L.Callback):

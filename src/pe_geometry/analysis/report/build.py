@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import shlex
 from pathlib import Path
 
@@ -48,6 +49,8 @@ from pe_geometry.analysis.runs import (
     find_runs,
     geometry_families,
     group_runs,
+    how_it_ended,
+    last_step,
     launches,
     measure_summary,
     stats,
@@ -191,22 +194,55 @@ def run_setup(runs: list[Run]) -> dict:
             "batch_size": field("data", "batch_size"), "max_steps": field("trainer", "max_steps")}
 
 
+PRETRAINED_ANALYSIS_VERSION = 1  # bump when analysis/pretrained.py changes what analyse() returns
+
+
+def pretrained_cache_file() -> Path | None:
+    """Where the MiniLM analysis is kept between reports: the token cache's folder ($PE_CACHE_DIR, else .cache, as
+    pe-train's paths.cache_dir), named by the checkpoint's files (path, size, mtime) and the analysis version, so a new
+    checkpoint or analysis is computed afresh. None when the checkpoint is not installed."""
+    import hashlib
+
+    from pe_geometry.analysis.pretrained import default_model_dir
+
+    try:
+        model_dir = default_model_dir()
+    except FileNotFoundError:
+        return None
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file())
+    stamp = [PRETRAINED_ANALYSIS_VERSION, str(model_dir)] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    digest = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]
+    return Path(os.environ.get("PE_CACHE_DIR", ".cache")) / "pretrained" / f"minilm-{digest}.json"
+
+
 def load_pretrained(path: Path | None, out_dir: Path) -> tuple[dict | None, str]:
-    """The MiniLM analysis: from --pretrained-json if that file exists, else computed (and saved there and in out_dir)."""
+    """The MiniLM analysis: from --pretrained-json if that file exists, else from the cache (``pretrained_cache_file``:
+    its probe takes minutes, and every report of every sweep shows the same checkpoint), else computed and saved in
+    both, and in out_dir."""
     if path is not None and path.is_file():
         return json.loads(path.read_text()), f"read from {shown_path(path)}"
+    cache = pretrained_cache_file() if path is None else None
+    if cache is not None and cache.is_file():
+        try:
+            results = json.loads(cache.read_text())
+            atomic_write_text(out_dir / "pretrained.json", json.dumps(results, indent=2))
+            return results, "computed with analysis.pretrained.analyse()"  # as the first time: the report reads the same
+        except (OSError, ValueError) as err:  # a damaged cache file: compute it again
+            log.warning("%s: unreadable (%s), computing the MiniLM analysis again", cache, err)
     try:
         from pe_geometry.analysis.pretrained import analyse
 
-        log.info("analysing the pretrained MiniLM checkpoint (analysis/pretrained.py)")
+        log.info("analysing the pretrained MiniLM checkpoint (analysis/pretrained.py; kept for later reports)")
         results = analyse()
     except Exception as err:  # the report stays useful without it
         log.warning("pretrained analysis unavailable (%s: %s)", type(err).__name__, err)
         return None, f"unavailable ({type(err).__name__}: {err})"
     text = json.dumps(results, indent=2)
     atomic_write_text(out_dir / "pretrained.json", text)
-    if path is not None:
-        atomic_write_text(path, text)
+    for target in (path, cache):
+        if target is not None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(target, text)
     return results, "computed with analysis.pretrained.analyse()"
 
 
@@ -232,6 +268,12 @@ def build_report(
     if at != "last":
         check_checkpoints_at(runs, at, verdict)
     out.mkdir(parents=True, exist_ok=True)
+    endings = {r.path: how_it_ended(r) for r in runs}
+    unfinished = {run_folder(r, source): last_step(r) for r in runs if endings[r.path] == "unfinished"}
+    for folder, step in unfinished.items():
+        log.warning("%s ended at step %d of %s without an early stop (killed or stopped?): its 'end' values are step %d's; "
+                    "continue it with its pe-train command plus ckpt_path=auto", folder, step,
+                    next(r.config.get("trainer", {}).get("max_steps") for r in runs if run_folder(r, source) == folder), step)
     multipliers = sorted({int(m) for m in multipliers})
     run_extrapolation(runs, multipliers, max_batches, compute=extrapolation)
     groups = group_runs(runs)
@@ -271,7 +313,7 @@ def build_report(
     data = ReportData(source=folder_name, generated=datetime.datetime.now().isoformat(timespec="seconds"), groups=groups,
                       families=families, summaries=summaries, figures=figures, extrapolation=ext_table,
                       multipliers=multipliers, pretrained=pre, pretrained_source=pre_source, tokens_rule=tokens_rule,
-                      verdicts=verdicts, run_folders={r.path: run_folder(r, source) for r in runs},
+                      verdicts=verdicts, run_folders={r.path: run_folder(r, source) for r in runs}, unfinished=unfinished,
                       commands=regenerate_commands(runs, source, folder_name, command))
     atomic_write_text(out / "report.md", write_markdown(data))
 
@@ -282,7 +324,7 @@ def build_report(
         "setup": run_setup(runs),
         "at": at,
         "runs": [{"name": r.name, "dir": run_folder(r, source), "model": r.model, "pe": r.pe, "seed": r.seed,
-                  "final_step": int(max((s[-1] for s, _ in r.series.values() if len(s)), default=0))} for r in runs],
+                  "final_step": last_step(r), "ended": endings[r.path]} for r in runs],
         "groups": {
             g.label: {
                 "model": g.model, "pe": g.pe, "seeds": g.seeds,

@@ -69,12 +69,20 @@ def point_style(n_points: int) -> dict:
     return {"marker": "o", "ms": 6 if n_points <= 2 else 3}
 
 
-def _plot_group_line(ax, group: Group, key: str, label: str | None) -> bool:
+def stacked_widths(n: int, thinnest: float = 1.2, thickest: float = 3.2) -> list[float]:
+    """Line widths for n lines drawn in turn: the first thickest, each later one thinner, so a line drawn on top of an
+    equal one (two arms with the same loss) leaves the one below showing at its edges instead of hiding it."""
+    if n <= 1:
+        return [1.8] * n
+    return [thickest - (thickest - thinnest) * i / (n - 1) for i in range(n)]
+
+
+def _plot_group_line(ax, group: Group, key: str, label: str | None, lw: float = 1.8) -> bool:
     agg = aggregate([r.series[key] for r in group.runs if key in r.series])
     if agg is None:
         return False
     steps, mean, lo, hi = agg
-    ax.plot(steps, mean, group.style, color=group.color, lw=1.8, label=label, **point_style(len(steps)))
+    ax.plot(steps, mean, group.style, color=group.color, lw=lw, label=label, **point_style(len(steps)))
     if len(group.runs) > 1:
         ax.fill_between(steps, lo, hi, color=group.color, alpha=0.15, lw=0)
     return True
@@ -142,7 +150,7 @@ def _finish(fig, path: Path, groups: list[Group]) -> None:
     handles = [Line2D([], [], color=g.color, ls=g.style, lw=2, label=g.label) for g in groups]
     if handles:
         title = "PE type" if len({g.model for g in groups}) == 1 else "model / PE type"
-        fig.legend(handles=handles, loc="outside right upper", frameon=False, title=title)
+        fig.legend(handles=handles, loc="outside right center", frameon=False, title=title)  # upper: under a wide title
     # Constrained layout sizes the axes from the tick labels it finds before resizing them; the resized axes can get
     # longer tick labels (0.30 -> 0.325) that push a y-label past the edge. Each draw lays out again with the ticks of
     # the last one, which settles in a draw or two. Should anything still stick out, the PNG grows to hold it.
@@ -198,13 +206,13 @@ def plot_loss(groups: list[Group], path: Path) -> bool:
     with plt.rc_context(STYLE):
         # one step axis: a short run's single validation point sits where it was taken, beside the training curve
         fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11.5, 4.2), layout="constrained", sharey=True, sharex=True)
-        for g in groups:
+        for g, lw in zip(groups, stacked_widths(len(groups))):
             agg = _train_loss(g)
             if agg is not None:
                 steps, mean, lo, hi = agg
-                ax_train.plot(steps, mean, g.style, color=g.color, lw=1.8, label=g.label, **point_style(len(steps)))
+                ax_train.plot(steps, mean, g.style, color=g.color, lw=lw, label=g.label, **point_style(len(steps)))
                 ax_train.fill_between(steps, lo, hi, color=g.color, alpha=0.15, lw=0)
-            _plot_group_line(ax_val, g, VAL_LOSS, g.label)
+            _plot_group_line(ax_val, g, VAL_LOSS, g.label, lw)
         ax_train.set_title("training loss (exponential moving average)")
         ax_val.set_title("validation loss")
         for ax in (ax_train, ax_val):
@@ -219,17 +227,18 @@ def plot_loss(groups: list[Group], path: Path) -> bool:
 def _plot_loss_panel(ax, groups: list[Group]) -> None:
     """The overview's loss panel: each group's smoothed training loss (thin) and validation loss (dots), so a run with
     one validation still shows how its loss went."""
-    for g in groups:
+    for g, lw in zip(groups, stacked_widths(len(groups))):
         agg = _train_loss(g)
         if agg is not None:
             steps, mean, _, _ = agg
-            ax.plot(steps, mean, g.style, color=g.color, lw=1.0, alpha=0.6, **point_style(len(steps)))
-        _plot_group_line(ax, g, VAL_LOSS, g.label)
+            ax.plot(steps, mean, g.style, color=g.color, lw=lw * 0.6, alpha=0.6, **point_style(len(steps)))
+        _plot_group_line(ax, g, VAL_LOSS, g.label, lw)
     ax.set_title("loss", fontsize=9.5)
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.set_xlim(left=0)
-    handles = [Line2D([], [], color="black", lw=1.0, alpha=0.6, label="training (moving average)"),
-               Line2D([], [], color="black", lw=1.8, marker="o", ms=3, label="validation")]
+    # the arms' colours are the figure's legend; this one says which of each arm's two lines is which
+    handles = [Line2D([], [], color="grey", lw=1.0, alpha=0.6, label="training (moving average), colour = arm"),
+               Line2D([], [], color="grey", lw=1.8, marker="o", ms=3, label="validation, colour = arm")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7, frameon=False)
 
 

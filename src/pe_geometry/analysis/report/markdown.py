@@ -37,6 +37,7 @@ class ReportData:
     verdicts: list[dict] | None = None  # analysis.verdict.group_verdict per group (None: not computed)
     run_folders: dict[Path, str] = field(default_factory=dict)  # run.path -> its folder relative to the report's source
     commands: list[str] = field(default_factory=list)  # the commands that regenerate the report's folder, in order
+    unfinished: dict[str, int] = field(default_factory=dict)  # run folder -> last step, for runs killed before their end
 
     @property
     def runs(self) -> list[Run]:
@@ -70,6 +71,11 @@ def header_section(data: ReportData) -> list[str]:
     lines += [f"{count(len(runs), 'run')} in {count(len(groups), 'group')} "
               f"({'; '.join(f'{g.label}: {seed_list(g.seeds)}' for g in groups)}).", ""]
     lines += regenerate_lines(data.commands)
+    if data.unfinished:
+        listed = ", ".join(f"`{folder}` (step {step})" for folder, step in data.unfinished.items())
+        lines += [f"**Unfinished runs**: {listed} stopped before trainer.max_steps ({t.get('max_steps')}) without an early "
+                  "stop, so what the tables call 'end' is where each got to. Continue them with their `pe-train` command "
+                  "plus `ckpt_path=auto` (a sweep: `hydra.sweep.dir=<its folder> ckpt_path=auto`) and report again.", ""]
     lines += [f"Setup (first run): `{m.get('_target_', '?').rsplit('.', 1)[-1]}`, d_model {m.get('d_model')}, "
               f"{count(m.get('n_layers'), 'layer')} × {count(m.get('n_heads'), 'head')}, seq_len {d.get('seq_len')}, "
               f"batch {d.get('batch_size')}, {count(t.get('max_steps'), 'step')}; {cadence}.", ""]
