@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# One thread per process, here and in the subprocesses the slow tests start: on 2 shared cores a tiny fit took 28.6 s
+# with 2 threads and 3.8 s with 1 (oversubscription). Set before torch is imported, so its thread pools start so.
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_variable] = "1"
 
 import pe_geometry.offline  # noqa: F401  (nothing in the tests may reach a hub or W&B)
 import pe_geometry.training.names  # noqa: F401  (the resolvers configs/ uses)
@@ -22,7 +28,7 @@ from pe_geometry.configs import CONFIG_DIR  # noqa: E402
 PE_TYPES = sorted(p.stem for p in (CONFIG_DIR / "pe").glob("*.yaml"))
 MODEL_TYPES = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,12 @@ def read_csv(path):
 @pytest.mark.parametrize("pe", PE_TYPES)
 @pytest.mark.parametrize("model", MODEL_TYPES)
 def test_fit_every_model_and_pe(model, pe, tmp_path, tiny_corpus, cache_dir):
-    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, [f"model={model}", f"pe={pe}"])
+    # every callback still runs (each family's geometry path included), with its smallest nulls, probe and sample:
+    # the 30 fits once spent most of their time drawing nulls no assertion reads
+    cheap = ["callbacks.geometry.null_draws=2", "callbacks.geometry.position_probe_permutations=2",
+             "callbacks.geometry.position_probe_blocks=5", "callbacks.geometry.attention_null_draws=2",
+             "callbacks.geometry.n_tokens=50", "callbacks.sample.max_new_tokens=4"]
+    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, [f"model={model}", f"pe={pe}", *cheap])
     metrics = train(cfg)
     assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"])
     run = tmp_path / "run"
