@@ -10,17 +10,17 @@ from pathlib import Path
 for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"
 
-import pe_geometry.offline  # noqa: F401  (nothing in the tests may reach a hub or W&B)
-import pe_geometry.training.names  # noqa: F401  (the resolvers configs/ uses)
+import pe_geometry.offline  # noqa: E402, F401  (nothing in the tests may reach a hub or W&B)
+import pe_geometry.training.names  # noqa: E402, F401  (the resolvers configs/ uses)
 
 # isort: split
 
-import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig, open_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 from pe_geometry.configs import CONFIG_DIR  # noqa: E402

@@ -11,7 +11,8 @@ from scipy import stats as scipy_stats
 from pe_geometry.analysis.control_contrast import contrast
 from pe_geometry.analysis.verdict import combine_seeds
 
-MIXED, FROZEN, SHUFFLED = "learned + mixed init k=8", "learned + mixed init k=8 + frozen table", "learned + mixed init k=8 + rows shuffled per sequence"
+MIXED = "learned + mixed init k=8"
+FROZEN, SHUFFLED = f"{MIXED} + frozen table", f"{MIXED} + rows shuffled per sequence"
 
 
 def arm(label: str, seeds: list[int], start: list, end: list[float]) -> dict:

@@ -117,3 +117,21 @@ def test_a_rope_run_ends_with_its_probe_and_block_0_attention_beside_their_basel
         "0.3000", "step", "100:", "0.7000", "null", "0.1500"]
     assert lines[2].startswith("block 0 mean distance (2 heads)") and lines[2].split()[-6:] == [
         "11.0000", "step", "100:", "4.0000", "uniform", "10.0000"]
+
+
+def test_lightning_lines_print_once_where_the_root_logger_prints_them(monkeypatch):
+    """Lightning's package logger has its own stderr handler and propagates to the root's (Hydra's console and
+    train.log): "GPU available: False" came twice. With root handlers, Lightning's own goes; without, it stays."""
+    import logging
+
+    from pe_geometry.training.pipeline import one_line_per_lightning_record
+
+    lightning_log, root = logging.getLogger("lightning"), logging.getLogger()
+    own = logging.StreamHandler()
+    monkeypatch.setattr(lightning_log, "handlers", [own])
+    monkeypatch.setattr(root, "handlers", [])
+    one_line_per_lightning_record()
+    assert lightning_log.handlers == [own]  # nothing else would print Lightning's lines
+    monkeypatch.setattr(root, "handlers", [logging.StreamHandler()])
+    one_line_per_lightning_record()
+    assert lightning_log.handlers == []

@@ -5,6 +5,11 @@
   loky kills the other workers, so the jobs running beside it die too, and joblib raises ``TerminatedWorkerError``,
   which ended the sweep before its later jobs ran, with no list. Here each job has a one-worker pool of its own,
   at most ``n_jobs`` at a time, so a kill loses that job only; it is recorded as ``killed by signal 9 (SIGKILL)``.
+  The other way round, ``kill -9`` of the sweep's own process left its workers training on to the end (and its
+  resource trackers with them), beside a continuation of the sweep started meanwhile. Each worker now watches its
+  parent (``stop_when_orphaned``) and, once it is gone, stops its job as SIGTERM does: after the current step,
+  with ``last.ckpt``, from which the continuation (``ckpt_path=auto``) resumes exactly. (Not ``prctl``'s
+  parent-death signal: Linux only, and it fires when the *thread* that started the worker ends, not its process.)
 - ``SlurmLauncher`` / ``SubmititLocalLauncher`` (``hydra/launcher=slurm``): the submitit plugin waits for the jobs
   in order and raised at the first one that died (``scancel``, out of memory, a lost node): the sweep command ended
   with a traceback while later array tasks ran on unlisted. Here the dead job is recorded and the others waited for.
@@ -23,6 +28,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, CancelledError, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -75,6 +81,34 @@ def how_it_died(err: BaseException) -> str:
     return f"its worker process died ({type(err).__name__})"
 
 
+def stop_when_orphaned(launcher_pid: int, poll_s: float = 0.5) -> None:
+    """In a job's worker (a thread): once the sweep's process ``launcher_pid`` is gone (its parent changed: ``kill
+    -9``, a crash), stop the job as SIGTERM does (``training.interrupt.request_stop``: after the current step, with
+    ``last.ckpt``; before training starts, SIGTERM's default ends the worker at once, with nothing to save)."""
+    while os.getppid() == launcher_pid:
+        time.sleep(poll_s)
+    log.warning("the sweep's process (pid %d) is gone: stopping this job as SIGTERM does", launcher_pid)
+    interrupt = sys.modules.get("pe_geometry.training.interrupt")  # (not imported yet: the job has not trained yet)
+    if interrupt is None:
+        os.kill(os.getpid(), signal.SIGTERM)
+    else:
+        interrupt.request_stop(signal.SIGTERM)
+
+
+def job_in_worker(launcher_pid: int, *job: Any) -> JobReturn:
+    """Hydra's ``execute_job`` in a loky worker, which dies with the sweep's process (``stop_when_orphaned``)."""
+    from hydra_plugins.hydra_joblib_launcher._core import execute_job
+
+    threading.Thread(target=stop_when_orphaned, args=(launcher_pid,), name="stop-when-orphaned", daemon=True).start()
+    try:
+        return execute_job(*job)
+    finally:
+        if os.getppid() != launcher_pid:  # no one to hand the result to: end here, not in loky's broken-pipe traceback
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + signal.SIGTERM)
+
+
 class IsolatedJoblibLauncher(JoblibLauncher):
     """``n_jobs`` jobs at a time, each in a loky worker process of its own (the other joblib settings do not apply)."""
 
@@ -114,7 +148,6 @@ class IsolatedJoblibLauncher(JoblibLauncher):
 
     def _run_in_own_process(self, idx: int, overrides: Sequence[str], env: dict[str, str], state: dict[Any, Any],
                             stop: threading.Event) -> JobReturn:
-        from hydra_plugins.hydra_joblib_launcher._core import execute_job
         from joblib.externals.loky import ProcessPoolExecutor
         from joblib.externals.loky.process_executor import TerminatedWorkerError
 
@@ -122,7 +155,7 @@ class IsolatedJoblibLauncher(JoblibLauncher):
             raise CancelledError(f"sweep job {idx} not started: the sweep was stopped")
         executor = ProcessPoolExecutor(max_workers=1, env=env)
         try:
-            job = executor.submit(execute_job, idx, overrides, self.hydra_context, self.config, self.task_function, state)
+            job = executor.submit(job_in_worker, os.getpid(), idx, overrides, self.hydra_context, self.config, self.task_function, state)
             return job.result()
         except TerminatedWorkerError as err:
             how = how_it_died(err)

@@ -55,6 +55,11 @@ def probe_line(records: dict[int, dict[str, float]]) -> list[str]:
             f"step {last}: {records[last][key]:.4f}{beside}"]
 
 
+def _head_mean(record: dict[str, float], keys: list[str], suffix: str = "") -> float:
+    """The mean over heads of key + suffix in one record (NaN where a head did not log it)."""
+    return sum(record.get(k + suffix, float("nan")) for k in keys) / len(keys)
+
+
 def attention_lines(records: dict[int, dict[str, float]]) -> list[str]:
     """Block 0 over its heads: the share of score variance from position (beside its rotation null where the encoding
     has one, RoPE/xPos) and how far the heads look (beside uniform attention's distance)."""
@@ -68,11 +73,10 @@ def attention_lines(records: dict[int, dict[str, float]]) -> list[str]:
         if span is None:
             continue
         first, last = span
-        mean = lambda step, suffix="": sum(records[step].get(k + suffix, float("nan")) for k in keys) / len(keys)  # noqa: E731
-        base = mean(last, baseline)
+        base = _head_mean(records[last], keys, baseline)
         beside = f"   {baseline_label} {base:.4f}" if base == base else ""  # NaN: no baseline logged
-        lines.append(f"{'block 0 ' + label + ' (' + str(len(keys)) + ' heads)':<36} step {first}: {mean(first):.4f}   "
-                     f"step {last}: {mean(last):.4f}{beside}")
+        lines.append(f"{'block 0 ' + label + ' (' + str(len(keys)) + ' heads)':<36} step {first}: "
+                     f"{_head_mean(records[first], keys):.4f}   step {last}: {_head_mean(records[last], keys):.4f}{beside}")
     return lines
 
 

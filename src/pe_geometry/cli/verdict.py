@@ -14,8 +14,9 @@ summary.json reads under the same rule. With --update-report, instead of a table
 report's verdict section is rewritten in place and the rest of report.md kept byte for byte
 (the run folders behind a committed report need not be on the machine). With --by-size the
 reports are sizes of one study: each arm (matched by label) gets its measured / null ratio
-per seed at each width and a fitted trend per doubling of d_model (analysis/size_curve.py). With --contrast ARM, each other arm of the report is read against ARM: how far each
-input figure moved from step 0 to the end, the difference paired by seed (analysis/control_contrast.py).
+per seed at each width and a fitted trend per doubling of d_model on the width means, Holm-corrected over
+figures x arms (analysis/size_curve.py). With --contrast ARM, each other arm of the report is read against
+ARM: how far each input figure moved from step 0 to the end, paired by seed (analysis/control_contrast.py).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from pe_geometry.data.cache import atomic_write_text
 from pe_geometry.extras import exit_on_missing_extra
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
-    from pe_geometry.analysis.report.figures import plot_size_curve
     from pe_geometry.analysis.control_contrast import contrast
+    from pe_geometry.analysis.report.figures import plot_size_curve
     from pe_geometry.analysis.report.markdown import (
         compact_verdict_table,
         contrast_table,

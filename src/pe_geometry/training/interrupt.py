@@ -29,12 +29,21 @@ and the printed resume command; requeueing is left to the user (``max_num_timeou
 
 Once a run has finished (``ignore_signals_once_finished``, for a process that ends with its run),
 a stop signal during what is left (the summary, W&B's teardown, Python's exit) is logged and ignored:
-the process exits 0 rather than being killed by it, which would read as a failed run.
+the process exits 0 rather than being killed by it, which would read as a failed run. Two moments needed more
+than a handler: Lightning's teardown puts back the handlers it found before fit (Python's default, which a
+SIGTERM kills with) before ``on_fit_end`` runs, so the handler it puts back is set at ``on_train_end``; and Python
+resets every handler to the default before it tears its modules down (seconds with torch loaded), so once the
+process exits (an ``atexit`` call) the stop signals are ignored outright (``SIG_IGN``, which Python keeps).
+
+Before training starts (imports, composing, building the data and the model: ``training_started()`` is False)
+Ctrl-C is Python's ``KeyboardInterrupt``: ``cli/train.py`` turns it into one line and exit code 130.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import signal
 from types import FrameType
 
@@ -48,11 +57,37 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
 _received: int | None = None  # the signal that stopped this process's run, for train.py's exit code
 _ignore_once_finished = False  # set by ignore_signals_once_finished
+_training_started = False  # GracefulStop took over the stop signals in this process's current run
+_training: GracefulStop | None = None  # the GracefulStop of the run training in this process now (request_stop)
 
 
 def received_signal() -> int | None:
     """The stop signal (one of ``STOP_SIGNALS``) that stopped the last run in this process, else None."""
     return _received
+
+
+def run_starting() -> None:
+    """A new run starts in this process (``pipeline.train``; a sweep runs several in one): it has not trained yet."""
+    global _received, _training_started
+    _received, _training_started = None, False
+
+
+def training_started() -> bool:
+    """Whether this process's current run got as far as training (its first step began), so that a Ctrl-C is
+    GracefulStop's; before that it is Python's ``KeyboardInterrupt``, and there is no checkpoint of this run to resume."""
+    return _training_started
+
+
+def request_stop(signum: int = signal.SIGTERM) -> None:
+    """From any thread (a watchdog): stop this process's run as ``signum`` would. While it trains, as if the signal
+    had come (after the current step, with ``last.ckpt``), unless a stop signal came first; before it trains, the
+    signal itself (SIGTERM's default ends the process: nothing to save yet); once it has stopped or finished,
+    nothing (it ends by itself; a real second SIGTERM then would kill it before it has said how it ended)."""
+    stop = _training
+    if stop is not None:
+        stop.request(signum)
+    elif not _training_started:
+        os.kill(os.getpid(), signum)
 
 
 def ignore_signals_once_finished() -> None:
@@ -71,12 +106,20 @@ def _log_finished(signum: int, frame: FrameType | None) -> None:
     log.warning("received %s after the run had finished: ignored, finishing normally", signal.Signals(signum).name)
 
 
+def _ignore_from_now_on() -> None:
+    """At exit: Python puts back the default handlers before it tears its modules down, and a stop signal then
+    would kill the finished run's process (-15). ``SIG_IGN`` is a disposition Python leaves in place."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 # -- the one place that touches Lightning's private state ---------------------------------------------------
 # Checked against Lightning 2.6.0 and 2.6.6 (pyproject.toml allows >=2.6,<2.7). There is no public way to ask
 # Lightning for its SIGTERM stop: ``trainer.received_sigterm`` is read-only, and ``trainer.should_stop`` ends the
 # run as finished, with a validation and final measurements at that step, rows the uninterrupted run has not.
 # Nor to reach a single-device run's cluster environment: ``trainer.strategy.cluster_environment`` exists for
-# DDP-like strategies only, while Lightning's signal setup reads the accelerator connector's.
+# DDP-like strategies only, while Lightning's signal setup reads the accelerator connector's. Nor to choose the
+# handlers its teardown puts back (``_restore_after_fit``; checked against 2.6.6).
 def _set_lightning_stop_flag(trainer: L.Trainer, stop: bool) -> None:
     """While set, Lightning raises ``SIGTERMException`` at the end of the current training batch and after each
     validation batch but the last (``trainer.received_sigterm`` reads it)."""
@@ -86,6 +129,11 @@ def _set_lightning_stop_flag(trainer: L.Trainer, stop: bool) -> None:
 def _cluster_environment(trainer: L.Trainer):
     """The environment whose ``auto_requeue`` Lightning reads when it installs its signal handlers."""
     return trainer._accelerator_connector.cluster_environment
+
+
+def _restore_after_fit(trainer: L.Trainer, signum: int, handler) -> None:
+    """The handler Lightning's teardown puts back for ``signum`` (it saved the one installed before fit)."""
+    trainer._signal_connector._original_handlers[signum] = handler
 
 
 class GracefulStop(L.Callback):
@@ -105,14 +153,28 @@ class GracefulStop(L.Callback):
                      "and save checkpoints/last.ckpt")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        global _received
+        global _received, _training_started, _training
         _received, self._pending, self._stopping, self._last_step = None, None, False, trainer.global_step
+        _training_started, _training = True, self
         self._at_step_end = True  # a run starts (or resumes) between steps
         for signum in STOP_SIGNALS:  # Lightning restores the previous handlers in its teardown
             try:
                 signal.signal(signum, self._record)
             except ValueError:  # not the main thread (a notebook's worker, say): keep Python's behaviour
                 return
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        global _training
+        _training = None  # stopped (or failed): nothing left for request_stop to stop
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        global _training
+        _training = None
+        # The run ends normally (a stop raises instead). Lightning's teardown, before on_fit_end, puts back the
+        # handlers from before fit: Python's default for SIGTERM, which would kill the finished run. Put back ours.
+        if _ignore_once_finished:
+            for signum in STOP_SIGNALS:
+                _restore_after_fit(trainer, signum, _log_finished)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning calls this only when fit ended normally, after its teardown has put back the handlers that
@@ -123,13 +185,18 @@ class GracefulStop(L.Callback):
                     signal.signal(signum, _log_finished)
                 except ValueError:  # not the main thread
                     return
+            atexit.register(_ignore_from_now_on)  # registered last, so it runs first: for all that is left
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self._pending == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the step
+        self.request(signum)
+
+    def request(self, signum: int) -> None:
+        """Stop after the current step, as ``signum`` asks (a signal handler, or ``request_stop`` from a thread)."""
         if self._pending is None:
             log.warning("received %s: stopping after the current step (saving checkpoints/last.ckpt)", signal.Signals(signum).name)
-        self._pending = signum
+            self._pending = signum
 
     # -- when to stop -----------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:

@@ -32,6 +32,16 @@ def safe_name(name: str) -> str:
     return name
 
 
+def hydra_value(text: str) -> str:
+    """``text`` as the value of a Hydra override: bare where Hydra's lexer reads it as one string, else single-quoted
+    with Hydra's escapes (a space, '=' or ',' in a bare value is a parse error or another override)."""
+    if text and all(c.isalnum() or c in "_-./:+@~" for c in text):
+        return text
+    # Inside quotes Hydra reads a backslash as an escape only before a quote (or the closing one): double those runs
+    escaped = re.sub(r"(\\+)(?=')|(\\+)$", lambda m: m.group(0) * 2, text)
+    return "'" + escaped.replace("'", "\\'") + "'"
+
+
 def arm_name(model: str, pe: str, control: str | None = None) -> str:
     """``decoder-learned``, or ``decoder-learned-untied_head`` for a control arm: a sweep's run names and
     job folders must tell its arms apart (configs/control/; ``baseline`` and ``<pe>_baseline`` are the study itself)."""

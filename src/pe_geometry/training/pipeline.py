@@ -7,10 +7,10 @@ import json
 import logging
 import os
 import platform
-import re
 import shlex
 import subprocess
 import warnings
+from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 
@@ -27,12 +27,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
 from pe_geometry.data.cache import atomic_write_text  # noqa: E402
 from pe_geometry.extras import without_unavailable_loggers  # noqa: E402
-from pe_geometry.training import wandb_run  # noqa: E402
+from pe_geometry.training import interrupt, wandb_run  # noqa: E402
 from pe_geometry.training.callbacks import AtomicCheckpointIO, StepCheckpoint, remove_partial_writes  # noqa: E402
 from pe_geometry.training.interrupt import GracefulStop  # noqa: E402
+from pe_geometry.training.names import hydra_value  # noqa: E402
 from pe_geometry.training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
 from pe_geometry.training.run_config import RunConfigInCheckpoint, apply_resume_config, saved_run_config  # noqa: E402
-from pe_geometry.training.run_folder import adopt_staged_output  # noqa: E402
+from pe_geometry.training.run_folder import adopt_staged_output, check_not_in_use, claim_run_folder  # noqa: E402
 from pe_geometry.training.run_loader import build_datamodule, build_model, read_checkpoint_file  # noqa: E402
 from pe_geometry.training.summary import run_summary  # noqa: E402
 from pe_geometry.training.task import LanguageModelTask  # noqa: E402
@@ -52,6 +53,18 @@ class _NoAdverts(logging.Filter):
 
 
 rank_zero.rank_zero_module.log.addFilter(_NoAdverts())
+
+
+def one_line_per_lightning_record() -> None:
+    """Lightning's package logger (``lightning``) has a stderr handler of its own and also passes each record on to the
+    root logger, which Hydra has given a console and a train.log handler: every Lightning line ("GPU available: ...")
+    came twice on the terminal. Where the root logger has handlers, Lightning's own is dropped; without them (Hydra's
+    logging disabled, a notebook) it stays, and Lightning's lines still show."""
+    if logging.getLogger().handlers:
+        lightning_log = logging.getLogger("lightning")
+        for handler in list(lightning_log.handlers):
+            if type(handler) is logging.StreamHandler:
+                lightning_log.removeHandler(handler)
 PACKAGES = ("torch", "lightning", "hydra-core", "datasets", "tokenizers", "wandb", "numpy")
 
 
@@ -87,6 +100,7 @@ def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | Non
         ckpt_path = "last" if last.is_file() else None
     if ckpt_path is None:
         if last.is_file():
+            check_not_in_use(output_dir)  # a run still writing there: say so, rather than offer to continue it
             raise ConfigError(f"{output_dir} already holds a run (checkpoints/last.ckpt): a new run there would overwrite "
                               "it; continue it with ckpt_path=last (a sweep: ckpt_path=auto, which also starts the jobs "
                               "that never ran), or give the new run another folder")
@@ -244,16 +258,6 @@ def check_batch_fits(cfg: DictConfig, datamodule) -> None:
                           f"of data.seq_len={cfg.data.seq_len} tokens; valid: 1 to {blocks}")
 
 
-def hydra_value(text: str) -> str:
-    """``text`` as the value of a Hydra override: bare where Hydra's lexer reads it as one string, else single-quoted
-    with Hydra's escapes (a space, '=' or ',' in a bare value is a parse error or another override)."""
-    if text and all(c.isalnum() or c in "_-./:+@~" for c in text):
-        return text
-    # Inside quotes Hydra reads a backslash as an escape only before a quote (or the closing one): double those runs
-    escaped = re.sub(r"(\\+)(?=')|(\\+)$", lambda m: m.group(0) * 2, text)
-    return "'" + escaped.replace("'", "\\'") + "'"
-
-
 def resume_command(cfg: DictConfig) -> str:
     """The override that continues this run from its last checkpoint, ``ckpt_path=<run>/checkpoints/last.ckpt``,
     quoted for Hydra and then for the shell, so that it runs as printed wherever the run folder is."""
@@ -263,8 +267,17 @@ def resume_command(cfg: DictConfig) -> str:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Check the config, build data/model/trainer, fit; returns the final logged metrics.
 
-    On resume the checkpoint's config is checked and applied before anything is written.
+    On resume the checkpoint's config is checked and applied before anything is written. The run folder is this
+    process's alone while it writes there (``run_folder.claim_run_folder``; ``RunFolderInUse`` if another live run
+    holds it).
     """
+    interrupt.run_starting()
+    one_line_per_lightning_record()
+    with ExitStack() as run_folder_lock:  # held until the run's last write (its summary, W&B's finish)
+        return _train(cfg, run_folder_lock)
+
+
+def _train(cfg: DictConfig, run_folder_lock: ExitStack) -> dict[str, float]:
     overrides, choices = _hydra_task_overrides()
     as_given = OmegaConf.to_container(cfg, resolve=False)  # before paths are made absolute: a resume keeps what derives from what
     absolute_input_paths(cfg)
@@ -288,7 +301,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     del state
     check_config(cfg)
     check_writable(output_dir)
-    if resume_step is not None and all(int(os.environ.get(k, 0)) == 0 for k in ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID")):
+    first_process = all(int(os.environ.get(k, 0)) == 0 for k in ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID"))
+    if first_process:  # (DDP's other ranks write into rank 0's folder, while rank 0 holds it)
+        run_folder_lock.enter_context(claim_run_folder(output_dir))  # before anything of this run is written there
+    if resume_step is not None and first_process:
         adopt_staged_output(output_dir, resume_step)  # the checks passed: the resume's .hydra/ and log join its run
     if int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0:  # DDP's other ranks start later
         remove_partial_writes(output_dir)

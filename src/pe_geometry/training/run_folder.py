@@ -9,17 +9,37 @@ moves that folder's ``.hydra/`` to ``<run>/.hydra/resume-step<N>/`` and continue
 after a segment marker. A refused resume leaves nothing anywhere: the staging folder is removed at exit.
 A new run refused by its checks (a bad value, an empty corpus) removes the folder Hydra made for it
 (``remove_stub_run_dir``), so ``outputs/`` lists only runs.
+
+One writer per run folder: a run holds ``<run>/run.lock`` (``claim_run_folder``) while it writes there. Two runs
+started in the same second (same overrides: one folder name), a resume while the run still trains, or a sweep
+continued beside the jobs it would resume would otherwise write one folder together (interleaved CSV rows and
+checkpoints, a traceback in the CSV logger). The second one is refused with ``RunFolderInUse``, naming the live
+process. The lock is ``fcntl.flock`` on an open file, which the kernel releases when its process ends, however
+it ends (``kill -9`` too): a lock left by a dead run never blocks its resume. The file stays (it says which
+process last wrote the run); deleting it on exit would race a process opening it.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs there go unlocked
+    fcntl = None
+
+log = logging.getLogger(__name__)
 
 _staging: Path | None = None  # this process's staging folder, when it stages a resume
 
@@ -51,6 +71,10 @@ def overwrites_a_run(argv: list[str]) -> str | None:
     if run_dir is None or "${" in run_dir or answers_only(argv):
         return None
     if (Path(run_dir).expanduser() / "checkpoints" / "last.ckpt").is_file():
+        try:
+            check_not_in_use(Path(run_dir).expanduser())  # a run still writing there: say so, not how to continue it
+        except RunFolderInUse as err:
+            return str(err)
         return (f"hydra.run.dir={run_dir} already holds a run (checkpoints/last.ckpt): a new run there would overwrite it; "
                 "continue it with ckpt_path=last, or give the new run another folder")
     return None
@@ -117,15 +141,21 @@ def adopt_staged_output(run_dir: Path, step: int) -> None:
     shutil.rmtree(staged, ignore_errors=True)
 
 
-HYDRA_STUB = {".hydra", "train.log"}  # what Hydra writes into a job's folder before the job runs
+LOCK_FILE = "run.lock"
+HYDRA_STUB = {".hydra", "train.log", LOCK_FILE}  # what a job's folder holds before the run writes anything
 
 
 def remove_stub_run_dir(run_dir: Path, start_dir: Path) -> bool:
-    """Delete ``run_dir`` if it holds only what Hydra wrote there (a run refused before it wrote anything),
-    and the folders above it up to ``start_dir`` (where the command was started) that it leaves empty."""
+    """Delete ``run_dir`` if it holds only what Hydra wrote there, and its lock (a run refused or interrupted before
+    it wrote anything), unless another live run holds it, and the folders above it up to ``start_dir`` (where the
+    command was started) that it leaves empty."""
     run_dir, start_dir = Path(run_dir).absolute(), Path(start_dir).absolute()
     if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - HYDRA_STUB:
         return False
+    try:
+        check_not_in_use(run_dir)
+    except RunFolderInUse:
+        return False  # another run started in the same folder (the same second) and is still starting
     if Path.cwd().absolute().is_relative_to(run_dir):  # hydra.job.chdir=true: step out before removing it
         os.chdir(start_dir)
     root = logging.getLogger()
@@ -139,3 +169,61 @@ def remove_stub_run_dir(run_dir: Path, start_dir: Path) -> bool:
             break
         parent.rmdir()
     return True
+
+
+class RunFolderInUse(Exception):
+    """A live process holds the run folder's lock: this one must not write there (exit code 2, one line)."""
+
+
+def _holder(lock: Path) -> str:
+    """``pid 123 on host, started 2025-01-01 12:00:00`` from the lock file (its holder may be writing it: retry)."""
+    for _ in range(20):
+        try:
+            info = json.loads(lock.read_text(encoding="utf-8"))
+            return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.05)
+    return "a process whose pid the lock file does not say"
+
+
+def _in_use(run_dir: Path, holder: str) -> RunFolderInUse:
+    return RunFolderInUse(f"{run_dir} is in use by a run that is still going ({holder}): wait for it to end or stop "
+                          "it first; two runs in one folder would mix their logs and checkpoints")
+
+
+@contextmanager
+def claim_run_folder(run_dir: Path) -> Iterator[None]:
+    """Hold ``<run_dir>/run.lock`` while the ``with`` body writes the run; ``RunFolderInUse`` if a live process holds
+    it. The file records this process (pid, host, start time) for the error line of the process refused."""
+    if fcntl is None:
+        yield
+        return
+    lock = Path(run_dir) / LOCK_FILE
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes (Python's default)
+    with os.fdopen(fd, "r+", encoding="utf-8") as f:  # closing it releases the lock; so does the kernel when we die
+        if _locked(f, fcntl.LOCK_EX, lock):
+            f.truncate(0)
+            f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": f"{datetime.now():%Y-%m-%d %H:%M:%S}"}))
+            f.flush()
+        yield
+
+
+def check_not_in_use(run_dir: Path) -> None:
+    """``RunFolderInUse`` if a live process holds ``run_dir``'s lock. Changes nothing: a shared lock, given back at once."""
+    lock = Path(run_dir) / LOCK_FILE
+    if fcntl is not None and lock.is_file():
+        with open(lock, encoding="utf-8") as f:
+            _locked(f, fcntl.LOCK_SH, lock)
+
+
+def _locked(f, how: int, lock: Path) -> bool:
+    """``flock(f, how)`` without waiting: True once held, ``RunFolderInUse`` if a live process holds it, False (and a
+    warning) on a file system without locks (some network mounts), where the run goes on unprotected as before."""
+    try:
+        fcntl.flock(f, how | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        raise _in_use(lock.parent, _holder(lock)) from None
+    except OSError as err:
+        log.warning("cannot lock %s (%s): nothing stops a second run from writing this folder too", lock, err.strerror)
+        return False

@@ -3,11 +3,13 @@
 A job may run in the launching process (Hydra's basic launcher), in a worker process (``local_parallel``) or on
 another machine (``slurm``), so a failure cannot be kept in a Python list: the launching process never sees the
 worker's. Each job writes ``<sweep dir>/job_status_<n>.json`` itself (atomically, by rename): ``running`` when it
-starts (with its pid), ``failed`` with the error if it fails; a job that succeeds removes it, so a sweep without
-failures leaves its folder as before. A job killed outright (``kill -9``, out of memory) writes nothing more: its
-launcher records ``killed`` with the signal where it can (hydra_plugins/pe_geometry/launchers.py), and a record still
-saying ``running`` when the sweep ends is listed too. ``SweepReport`` (a Hydra callback, configs/hydra/default.yaml)
-does the job's part in every job, and lists the failures in the launching process when the sweep ends.
+starts (with its pid), ``failed`` with the error if it fails, ``stopped`` with the signal if a stop signal ended it
+(Ctrl-C, SIGTERM: the sweep's process then prints the command that continues the sweep, ``continue_command``); a
+job that succeeds removes it, so a sweep without failures leaves its folder as before. A job killed outright
+(``kill -9``, out of memory) writes nothing more: its launcher records ``killed`` with the signal where it can
+(hydra_plugins/pe_geometry/launchers.py), and a record still saying ``running`` when the sweep ends is listed too.
+``SweepReport`` (a Hydra callback, configs/hydra/default.yaml) does the job's part in every job, and lists the
+failures in the launching process when the sweep ends, followed by the command that makes the sweep's report.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -94,6 +97,14 @@ def record_failed_job(err: BaseException) -> str:
 _failed_here: set[int] = set()  # jobs this process recorded as failed (on_job_end must not count them a success)
 
 
+def record_stopped_job(how: str) -> None:
+    """Record the current sweep job (Hydra's job config) as stopped by a signal: ``how``, e.g. ``stopped by SIGTERM``."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra = HydraConfig.get()
+    write_record(sweep_folder(hydra), hydra.job.num, list(hydra.overrides.task), "stopped", how)
+
+
 def record_killed_job(sweep_dir: str | Path, num: int, overrides: Sequence[str], how: str) -> None:
     """For a launcher whose job's process died without reporting: unless the job recorded its failure first."""
     record = read_record(sweep_dir, num)
@@ -118,12 +129,32 @@ def in_sweep(config: DictConfig) -> bool:
     return config.hydra.mode == RunMode.MULTIRUN
 
 
+_launched: Path | None = None  # the sweep folder of the sweep this process launches (SweepReport.on_multirun_start)
+
+
+def launched_sweep() -> Path | None:
+    """The folder of the sweep this process launched, once it has started; else None."""
+    return _launched
+
+
+def continue_command(argv: Sequence[str], sweep_dir: Path) -> str:
+    """``pe-train -m <the sweep's arguments> hydra.sweep.dir=<its folder> ckpt_path=auto``: continues a stopped sweep
+    (each job resumes from its ``last.ckpt``, or starts), quoted for Hydra and the shell so that it runs as printed."""
+    from pe_geometry.training.names import hydra_value
+
+    replaced = ("hydra.sweep.dir", "ckpt_path")
+    kept = [arg for arg in argv if arg not in ("-m", "--multirun") and arg.partition("=")[0].lstrip("+") not in replaced]
+    return shlex.join(["pe-train", "-m", *kept, f"hydra.sweep.dir={hydra_value(str(sweep_dir))}", "ckpt_path=auto"])
+
+
 class SweepReport(Callback):
     """Writes each sweep job's record (in the job's process) and lists the failures when the sweep ends (in the
     launching process, which then exits 1). Does nothing in a single run."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        for path in records(sweep_folder(config.hydra)):  # of an earlier sweep into this folder
+        global _launched
+        _launched = sweep_folder(config.hydra)
+        for path in records(_launched):  # of an earlier sweep into this folder
             path.unlink(missing_ok=True)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -144,6 +175,9 @@ class SweepReport(Callback):
             job_record_path(sweep_dir, num).unlink(missing_ok=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if lines := failed_jobs(sweep_folder(config.hydra)):
-            print(f"error: {len(lines)} sweep job(s) failed:", *(f"  {line}" for line in lines), sep="\n", file=sys.stderr)
+        sweep_dir = sweep_folder(config.hydra)
+        if lines := failed_jobs(sweep_dir):
+            print(f"error: {len(lines)} sweep job(s) failed:", *(f"  {line}" for line in lines), sep="\n", file=sys.stderr, flush=True)
+        print(f"report: pe-report {shlex.quote(str(sweep_dir))}", flush=True)  # as a single run's summary ends
+        if lines:
             sys.exit(1)  # a sweep with failed jobs is not a success (a scheduler, a script's `&&`)
