@@ -345,7 +345,11 @@ def plot_size_curve(panels: list[tuple[str, dict]], path: Path) -> bool:
     labels = sorted({label for _, curves in panels for label in curves})
     colours = {label: f"C{i}" for i, label in enumerate(labels)}
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 2.4, 4.0), squeeze=False, layout="constrained")
+        cols = min(len(panels), 3)  # five figures in one row were too small to read
+        rows = -(-len(panels) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols + 2.4, 3.8 * rows + 0.2), squeeze=False, layout="constrained")
+        for ax in axes.flat[len(panels):]:
+            ax.set_visible(False)
         for ax, (title, curves) in zip(axes.flat, panels):
             widths = sorted({q.d_model for points in curves.values() for q in points})
             for label, points in curves.items():
