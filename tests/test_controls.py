@@ -181,3 +181,18 @@ def test_width_scaled_lr_scales_only_the_hidden_matrices():
 def test_c4_control_arms_compose(arm, key, value):
     cfg = compose_train_config([f"control={arm}"])
     assert cfg.pe.init == "mixed" and cfg.pe[key] is value and cfg.pe._target_.endswith("LearnedPE")
+
+
+@pytest.mark.slow  # runs generate.py in a subprocess
+def test_generating_from_a_shuffled_table_says_its_text_is_not_reproducible(tmp_path, tiny_corpus, cache_dir):
+    import subprocess
+    import sys
+
+    from pe_geometry.training.pipeline import train
+    from tests.conftest import ROOT, tiny_train_config
+
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["pe=learned", "pe.shuffle=true"]))
+    result = subprocess.run([sys.executable, str(ROOT / "generate.py"), f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}",
+                             "max_new_tokens=2", "num_samples=1"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "trained with pe.shuffle=true" in result.stderr

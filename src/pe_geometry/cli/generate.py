@@ -123,6 +123,9 @@ def run(cfg: DictConfig) -> list[str]:
     text_len = len(ids) + (0 if isinstance(model, EncoderMLM) else cfg.max_new_tokens - 1)
     if line := context_line(context, seq_len, text_len):
         print(line, file=sys.stderr)
+    if loaded.config.get("pe", {}).get("shuffle"):
+        print("note: this run was trained with pe.shuffle=true (a control: every forward reads the position rows in a "
+              "random order), so its text differs from call to call and with use_cache", file=sys.stderr)
     batch = torch.tensor([ids] * cfg.num_samples, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     sampling = {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "generator": generator}

@@ -190,7 +190,9 @@ class LearnedPE(PositionalEncoding):
     Two more controls for that question (the size-curve issue's C4 controls): ``freeze=True`` keeps the table
     at its initialisation (not trained: how far does the overlap move only because E changes?), and
     ``shuffle=True`` gives each sequence its own random order of the table's rows (see ``Stack.embed``), so the
-    rows are trained but carry no information about where a token is.
+    rows are trained but carry no information about where a token is. Every forward draws its orders, evaluation and
+    generation included (with a KV cache a one-token step reads its own row), so such a model's text is not
+    reproducible: it is a control arm, not a model to sample from.
     """
 
     def __init__(

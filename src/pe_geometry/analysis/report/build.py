@@ -269,11 +269,13 @@ def build_report(
         check_checkpoints_at(runs, at, verdict)
     out.mkdir(parents=True, exist_ok=True)
     endings = {r.path: how_it_ended(r) for r in runs}
-    unfinished = {run_folder(r, source): last_step(r) for r in runs if endings[r.path] == "unfinished"}
-    for folder, step in unfinished.items():
+    unfinished: dict[str, int] = {}  # run folder -> the last step it logged
+    for r in (r for r in runs if endings[r.path] == "unfinished"):
+        folder, step = run_folder(r, source), last_step(r)
+        unfinished[folder] = step
         log.warning("%s ended at step %d of %s without an early stop (killed or stopped?): its 'end' values are step %d's; "
                     "continue it with its pe-train command plus ckpt_path=auto", folder, step,
-                    next(r.config.get("trainer", {}).get("max_steps") for r in runs if run_folder(r, source) == folder), step)
+                    (r.config.get("trainer") or {}).get("max_steps"), step)
     multipliers = sorted({int(m) for m in multipliers})
     run_extrapolation(runs, multipliers, max_batches, compute=extrapolation)
     groups = group_runs(runs)
