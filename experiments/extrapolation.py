@@ -130,15 +130,18 @@ READ_ONLY_PE_KEYS = {"_target_", "_partial_", "max_len", "scaling", "scaling_fac
 def pe_variant(config) -> list[str]:
     """How a run's position encoding and embedding differ from the family's defaults, as label parts.
 
-    The defaults are the schema's (``training.schema.SETTINGS``), so a run trained with ``pe.max_distance=64`` is
+    The defaults are the constructor's (``pe_geometry.signatures``), so a run trained with ``pe.max_distance=64`` is
     'max_distance 64' and one trained at the defaults adds nothing. A sinusoidal table always says how it sits
     against the word vectors: 'raw table' (added as the formula gives it, ~35x the word rows' norm at d 64 with
     embedding=plain), 'word-norm table' (pe.scale=word_norm) or with the embedding x sqrt(d_model) of the original
     Transformer (embedding=scaled)."""
-    from pe_geometry.training.schema import SETTINGS
+    from pe_geometry.signatures import EMPTY, Unreadable, constructor_params
 
     pe_node, parts = config.get("pe") or {}, []
-    settings = SETTINGS.get(str(pe_node.get("_target_", "")))
+    try:
+        settings = constructor_params(str(pe_node.get("_target_", "")))
+    except (Unreadable, ImportError, AttributeError, ValueError):
+        settings = None
     embedding_scaled = bool((config.get("embedding") or {}).get("scaled", False))
     if str(pe_node.get("_target_", "")).endswith("SinusoidalPE"):
         parts.append("word-norm table" if pe_node.get("scale") == "word_norm"
@@ -146,7 +149,7 @@ def pe_variant(config) -> list[str]:
     elif embedding_scaled:
         parts.append("embedding x sqrt(d)")
     if settings is not None:
-        defaults = {name: field.default for name, field in settings.model_fields.items()}
+        defaults = {name: param.default for name, param in settings.items() if param.default is not EMPTY}
         for key, value in pe_node.items():
             if key in READ_ONLY_PE_KEYS or key not in defaults or (key == "scale" and parts[:1] == ["word-norm table"]):
                 continue

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import sys
 from pathlib import Path
 
 # One thread per process, here and in the subprocesses the slow tests start: on 2 shared cores a tiny fit took 28.6 s
@@ -29,6 +32,99 @@ PE_TYPES = sorted(p.stem for p in (CONFIG_DIR / "pe").glob("*.yaml"))
 MODEL_TYPES = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 
 torch.set_num_threads(1)
+
+# The handlers a run replaces while it trains (training/interrupt.py's STOP_SIGNALS).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "sends_sigint: the test sends SIGINT to its own in-process run, which must take it "
+                                       "as a run's Ctrl-C (a graceful stop) rather than end pytest")
+
+
+_sigint_is_the_tests = False  # the running test is marked sends_sigint
+
+
+def _ctrl_c_ends_pytest() -> None:
+    """While a run trains, ``GracefulStop`` takes SIGINT as a stop *after the current step*, and a signal after the
+    last step is logged and ignored (the run finishes): a Ctrl-C during one of the many in-process fits stopped that
+    test's run, or nothing at all, and pytest went on with the next test. In the tests a SIGINT during a run is
+    Python's ``KeyboardInterrupt`` at once (``pipeline.train`` re-raises it out of Lightning), which ends the session,
+    unless the test is marked ``sends_sigint``. Patched once, as soon as a test module has imported the module."""
+    interrupt = sys.modules.get("pe_geometry.training.interrupt")
+    if interrupt is None or getattr(interrupt.GracefulStop._record, "ends_pytest", False):
+        return
+    real_record = interrupt.GracefulStop._record
+
+    def record(self, signum, frame):
+        if signum == signal.SIGINT and not _sigint_is_the_tests:
+            raise KeyboardInterrupt  # Ctrl-C on pytest: end the session, not only the test's run
+        return real_record(self, signum, frame)
+
+    record.ends_pytest = True
+    interrupt.GracefulStop._record = record
+
+
+def pytest_collection_finish(session) -> None:
+    _ctrl_c_ends_pytest()  # before any (module- or session-scoped) fixture trains
+
+
+def pytest_keyboard_interrupt(excinfo) -> None:
+    """Ctrl-C reaches the processes of the terminal's process group, but the ``train.py`` processes the slow tests start
+    in a session of their own (``start_new_session``, so that a timeout can end DDP's rank 1 with them) would train on
+    after pytest has gone: end those (each leads its own process group) with it."""
+    import subprocess
+
+    listed = subprocess.run(["ps", "-o", "pid=,pgid=", "--ppid", str(os.getpid())], capture_output=True, text=True).stdout
+    for pid, pgid in (map(int, line.split()) for line in listed.splitlines() if line.strip()):
+        if pid == pgid:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture(autouse=True)
+def process_left_as_found(request):
+    """Each test leaves the process as it found it, and Ctrl-C ends pytest at once (``_ctrl_c_ends_pytest``).
+
+    An in-process run (``pipeline.train``) changes process-wide state: the stop signals' handlers while it trains
+    (``GracefulStop``; Lightning's teardown puts them back, but not if a test stops half-way), ``training.interrupt``'s
+    module state, torch's matmul precision and thread count, ``PL_GLOBAL_SEED`` and ``PL_SEED_WORKERS``
+    (``seed_everything``). So does Hydra's main run in-process (a console script's entry point called by a test): its
+    logging config disables every logger that exists and sets the root's level. All are put back after the test."""
+    global _sigint_is_the_tests
+    _ctrl_c_ends_pytest()
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    environ = {key: os.environ.get(key) for key in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    precision, threads = torch.get_float32_matmul_precision(), torch.get_num_threads()
+    interrupt = sys.modules.get("pe_geometry.training.interrupt")
+    names = ("_received", "_ignore_once_finished", "_training_started", "_training")
+    module_state = {name: getattr(interrupt, name) for name in names} if interrupt is not None else {}
+    _sigint_is_the_tests = request.node.get_closest_marker("sends_sigint") is not None
+    loggers = {logger: (logger.disabled, logger.level) for logger in (logging.getLogger(), *logging.Logger.manager.loggerDict.values())
+               if isinstance(logger, logging.Logger)}
+    yield
+    for logger in logging.Logger.manager.loggerDict.values():
+        if isinstance(logger, logging.Logger):
+            logger.disabled, level = loggers.get(logger, (False, logger.level))
+            if logger.level != level:
+                logger.setLevel(level)
+    if logging.getLogger().level != loggers[logging.getLogger()][1]:
+        logging.getLogger().setLevel(loggers[logging.getLogger()][1])
+    _sigint_is_the_tests = False
+    for name, value in module_state.items():
+        setattr(interrupt, name, value)
+    for signum, handler in handlers.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+    for key, value in environ.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    torch.set_float32_matmul_precision(precision)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -197,3 +197,34 @@ def test_split_shares_equal_the_materialised_terms_shares(norm, monkeypatch):
         torch.testing.assert_close(in_float64[name], share, atol=1e-12, rtol=0)
         torch.testing.assert_close(in_float32[name], share, atol=1e-5, rtol=0)
     assert (reference["pos_bias"].abs() > 1e-3).any()  # the bias route is exercised
+
+
+def test_a_split_that_drifts_from_the_forward_is_refused_and_a_shuffled_control_is_not_checked(monkeypatch):
+    """The split's total is checked against the logits the forward recorded: a split reading a different position
+    part than the forward (here: twice the table) raises, in both the materialised and the chunked path. Under
+    pe.shuffle the forward reads the rows in a random order and the split the table in order: not checked."""
+    from functools import partial
+
+    import pe_geometry.analysis.attention_split as split
+
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, pe=LearnedPE, attention=ExplicitAttention).eval()
+    idx = torch.randint(40, (2, 10))
+    real = split._first_layer_inputs
+
+    def drifted(model, idx, recorded):
+        args, kwargs = real(model, idx, recorded)
+        return (args[0], 2 * args[1], *args[2:]), kwargs
+
+    with torch.no_grad():
+        first_layer_attention_split(model, idx)  # the real split passes its check
+        monkeypatch.setattr(split, "_first_layer_inputs", drifted)
+        for path in (first_layer_terms, first_layer_attention_split):
+            with pytest.raises(ValueError, match="block 0's split terms.* do not add up to the logits the forward computed"):
+                path(model, idx)
+        monkeypatch.undo()
+        shuffled = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, pe=partial(LearnedPE, shuffle=True)).eval()
+        state = torch.random.get_rng_state()
+        shares = first_layer_attention_split(shuffled, idx)
+        assert torch.random.get_rng_state().equal(state)  # the recording forward's row orders leave the RNG as it was
+    torch.testing.assert_close(sum(shares[name] for name in TERMS), torch.ones(2, dtype=torch.float64))

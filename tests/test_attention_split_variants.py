@@ -2,8 +2,8 @@
 
 qk_norm scales each query's parts by tau_h sqrt(d_head) / |q_i| and each key's by 1 / |k_j| (so the key bias varies
 along a row and counts), logn_scaling multiplies each query's parts by its factor, a window narrows the keys a query
-sees, grouped-query attention repeats the shared key heads. References: the attention's own ``score_parts`` and the
-weights the explicit kernel softmaxes.
+sees, grouped-query attention repeats the shared key heads. References: the logits the forward recorded (its hook
+points, model/attention.py), the scores recomputed from the weights and the weights the explicit kernel softmaxes.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import pe_geometry.analysis.attention_split as split
-from pe_geometry.analysis import position_attention as pa
 from pe_geometry.analysis.attention_split import TERMS, first_layer_attention_split, first_layer_terms, term_shares
 from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention
+from pe_geometry.model.transformer import record_attention
 from tests.test_attention import build, live
+from tests.test_position_attention import attention_inputs, rederived_score_parts
 
 T = 16  # > the training length 6 below (logn factors above 1) and > the window 4 (a band, not the causal mask)
 VARIANTS = {
@@ -53,21 +54,25 @@ def tokens(seed: int = 1) -> torch.Tensor:
 @pytest.mark.parametrize("model_name", list(MODELS))
 @pytest.mark.parametrize("pe", INPUT_TABLE_PES)
 def test_terms_sum_to_the_logits_the_attention_softmaxes(pe, model_name, variant):
-    """sum(terms) == score_parts' content + position (the logits, logn factor and qk_norm included), and with the
-    returned mask it softmaxes to the weights the explicit kernel kept (the window's band, not the causal mask)."""
+    """sum(terms) == the logits the forward recorded and the scores recomputed from the weights (logn factor and
+    qk_norm included), and with the returned mask it softmaxes to the weights the explicit kernel kept (the window's
+    band, not the causal mask)."""
     model, idx = perturbed(model_name, pe, variant), tokens()
     attn, causal = model.blocks[0].attn, model.input_stack.causal
     attn.keep_weights = True
     with torch.no_grad():
         terms, mask = first_layer_terms(model, idx)
-        x = next(pa.attention_inputs(model, idx))
-        content, position = attn.score_parts(x, causal=causal)
-        model(idx)
+        x = next(attention_inputs(model, idx))
+        content, position = rederived_score_parts(attn, x, causal)
+        with record_attention(model, [0]) as record:
+            model(idx)
     total = sum(terms.values())
     assert total.dtype == torch.float64 and total.shape == (3, attn.n_heads, T, T)
     torch.testing.assert_close(total, (content + position).double(), atol=2e-5, rtol=1e-5)
     visible = attn.visible_keys_mask(T, causal)
     assert (mask is None and bool(visible.all())) or mask.equal(visible)
+    recorded = record[0]["logits"].double()
+    torch.testing.assert_close(total.masked_fill(~visible, float("-inf")), recorded, atol=2e-5, rtol=1e-5)
     logits = total if mask is None else total.masked_fill(~mask, float("-inf"))
     torch.testing.assert_close(logits.softmax(dim=-1), attn.attn_weights.double(), atol=1e-5, rtol=1e-5)
 
@@ -109,7 +114,7 @@ def test_qk_norm_terms_are_the_plain_terms_rescaled_per_query_and_per_key(model_
     with torch.no_grad():
         plain_terms, _ = first_layer_terms(plain, idx)
         normed_terms, _ = first_layer_terms(normed, idx)
-        x = next(pa.attention_inputs(normed, idx)).double()
+        x = next(attention_inputs(normed, idx)).double()
         q = (x @ attn.q.weight.double().T + attn.q.bias.double()).view(3, T, 4, -1).transpose(1, 2)
         k = (x @ attn.kv.weight[: attn.q.weight.shape[0]].double().T + attn.b_K.double().reshape(-1)).view(3, T, 4, -1)
         k = k.transpose(1, 2)

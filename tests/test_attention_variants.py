@@ -364,8 +364,8 @@ def test_score_parts_are_the_logits_the_attention_softmaxes(name, pe):
 BAD = [
     (["attention.n_kv_heads=3"], "attention.n_kv_heads=3 must divide model.n_heads=4 (each key/value head serves n_heads/n_kv_heads query heads); valid: [1, 2, 4] or null"),
     (["attention.n_kv_heads=8"], "attention.n_kv_heads=8 must divide model.n_heads=4"),
-    (["attention.n_kv_heads=0"], "attention.n_kv_heads=0 must be a positive integer dividing model.n_heads (1: multi-query), or null for model.n_heads"),
-    (["attention=explicit", "attention.window=0"], "attention.window=0 must be a positive number of positions a query sees, or null for all"),
+    (["attention.n_kv_heads=0"], "attention.n_kv_heads=0 must be a positive integer (dividing model.n_heads; 1: multi-query), or null for model.n_heads"),
+    (["attention=explicit", "attention.window=0"], "attention.window=0 must be a positive integer (positions a query sees), or null for all"),
     (["attention.logn_scaling=true", "attention.training_length=null"], "attention.logn_scaling=true needs attention.training_length >= 2 (the length the model was trained at; log n / log training_length), got null"),
     (["attention.qk_norm=yes"], "attention.qk_norm=yes must be true or false"),
     (["attention.qk_norm_scale=0"], "attention.qk_norm_scale=0 must be a number > 0 (the learned temperature's start)"),

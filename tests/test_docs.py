@@ -56,9 +56,11 @@ def section(text: str, heading: str) -> str:
 
 
 def test_the_committed_metric_table_is_the_generated_one():
-    from pe_geometry.analysis.metric_table import between_markers, render
+    from pe_geometry.analysis.metric_table import BEGIN, END, render
 
-    committed = between_markers((ROOT / "docs" / "METRICS.md").read_text(encoding="utf-8"))
+    text = (ROOT / "docs" / "METRICS.md").read_text(encoding="utf-8")
+    start, end = text.find(BEGIN), text.find(END)
+    committed = text[start + len(BEGIN) + 1 : end] if 0 <= start < end else ""
     assert committed, "docs/METRICS.md has lost the metric table's markers"
     assert committed == render(), "the metric table is stale: python -m pe_geometry.analysis.metric_table --write docs/METRICS.md"
 
@@ -132,9 +134,16 @@ def test_every_group_option_named_exists(doc):
 
 
 def has_key(group: str, keys: list[str]) -> bool:
-    """Whether some option of ``group`` has the nested key ``keys`` (a yaml's own keys, not its defaults list's)."""
+    """Whether some option of ``group`` has the nested key ``keys``: a yaml's own keys and its class's settings (the
+    constructor defaults Hydra composes in), not its defaults list's."""
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.pe_geometry.constructor_defaults import fill_constructor_defaults
+
     for path in (CONFIG_DIR / group).glob("*.yaml"):
-        node = yaml.safe_load(path.read_text()) or {}
+        loaded = OmegaConf.create(yaml.safe_load(path.read_text()) or {})
+        fill_constructor_defaults(loaded, group)
+        node = OmegaConf.to_container(loaded)
         for key in keys:
             if not isinstance(node, dict) or key not in node:
                 break

@@ -340,12 +340,51 @@ def test_the_default_run_ends_with_a_sample(trained_runs):
     assert "(blanks, true->filled: " in encoder_sample and encoder_sample.count("'->'") == 8  # 48 tokens, every 6th blank
 
 
+def generate_cli(args: list[str], cwd, monkeypatch, capsys) -> subprocess.CompletedProcess:
+    """``python generate.py <args>`` in this process: its console entry point ``cli()`` (Hydra's main included) with
+    ``sys.argv`` set, in ``cwd``; the exit code, stdout and stderr as a subprocess would give them, less the ~7 s of
+    imports a new interpreter pays. (A subprocess where the process is the point: test_cli_is_a_console_script.)"""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from pe_geometry.cli.generate import cli
+
+    GlobalHydra.instance().clear()  # (a composition by an earlier test leaves it initialised; the script starts without)
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "generate.py"), *args])
+    code = 0
+    try:
+        cli()
+    except SystemExit as stop:
+        code = stop.code
+    finally:
+        GlobalHydra.instance().clear()
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, printed.out, printed.err)
+
+
 @pytest.mark.slow  # runs generate.py in a subprocess
-def test_cli_samples_and_reports_bad_input_in_one_line(trained_runs, tmp_path):
+def test_cli_is_a_console_script(trained_runs, tmp_path):
+    """The script as a user runs it: samples on stdout and exit code 0; bad input is one ``error:`` line, exit code 2,
+    no traceback. (What it prints and refuses: the in-process tests below, which call the same entry point.)"""
     ckpt = trained_runs["decoder"] / "checkpoints" / "last.ckpt"
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(ROOT / "generate.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    sampled = cli(f"ckpt_path={ckpt}", "prompt=HAMLET: To be", "max_new_tokens=10", "num_samples=2", "seed=3")
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert sampled.stdout.count("--- sample") == 2 and "HAMLET: To be" in sampled.stdout
+    refused = cli("ckpt_path=/nope/last.ckpt")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert [line for line in refused.stderr.splitlines() if line.strip()] == ["error: ckpt_path=/nope/last.ckpt: no checkpoint file there"]
+    assert not list(tmp_path.iterdir())  # generation writes no output directory
+
+
+def test_cli_samples_and_reports_bad_input_in_one_line(trained_runs, tmp_path, monkeypatch, capsys):
+    ckpt = trained_runs["decoder"] / "checkpoints" / "last.ckpt"
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return generate_cli(list(args), tmp_path, monkeypatch, capsys)
 
     args = [f"ckpt_path={ckpt}", "prompt=HAMLET: To be", "max_new_tokens=10", "num_samples=2", "seed=3"]
     first = cli(*args)
@@ -363,18 +402,17 @@ def test_cli_samples_and_reports_bad_input_in_one_line(trained_runs, tmp_path):
     ]:
         result = cli(*bad)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
-        assert "Traceback" not in result.stderr
+        assert "Traceback" not in result.stderr and not result.stdout
+        assert len([line for line in result.stderr.splitlines() if line.startswith("error:")]) == 1
 
 
-@pytest.mark.slow  # runs generate.py in a subprocess
-def test_cli_reads_at_most_the_training_length_unless_context_full(trained_runs, tmp_path):
+def test_cli_reads_at_most_the_training_length_unless_context_full(trained_runs, tmp_path, monkeypatch, capsys):
     """The learned table (512 rows) of a model trained on 16 tokens: 600 new tokens work by default, each drawn
     from the last 16; context=full says what the model was trained on and reads everything it can place."""
     ckpt = trained_runs["decoder"] / "checkpoints" / "last.ckpt"
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, str(ROOT / "generate.py"), f"ckpt_path={ckpt}", "num_samples=1", "temperature=0", *args]
-        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        return generate_cli([f"ckpt_path={ckpt}", "num_samples=1", "temperature=0", *args], tmp_path, monkeypatch, capsys)
 
     windowed = cli("max_new_tokens=600")
     assert windowed.returncode == 0, windowed.stderr[-2000:]
@@ -383,7 +421,7 @@ def test_cli_reads_at_most_the_training_length_unless_context_full(trained_runs,
     assert full.returncode == 0, full.stderr[-2000:]
     assert "context=full: the model was trained on 16 tokens and reads all 40 here" in full.stderr
     short = cli("max_new_tokens=8")
-    assert "context=" not in short.stderr  # nothing to say when the text fits the training length
+    assert short.returncode == 0 and "context=" not in short.stderr  # nothing to say when the text fits the training length
     assert windowed.stdout[:60] == cli("max_new_tokens=600", "context=16").stdout[:60]  # train = its seq_len
 
 

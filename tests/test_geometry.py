@@ -172,16 +172,6 @@ def test_geometry_report_names_and_chance_companions():
 # ----------------------------------------------------------------------------- hidden states
 
 
-def test_position_token_means_match_loop():
-    H = torch.randn(3, 4, 5, generator=gen(17))
-    tokens = torch.tensor([[1, 2, 1, 3], [2, 2, 4, 1], [5, 1, 6, 7]])
-    pos_means, tok_means, ids = geo.position_token_means(H, tokens, min_count=2)
-    assert torch.allclose(pos_means, H.double().mean(0))
-    assert ids.tolist() == [1, 2]
-    assert torch.allclose(tok_means[0], H[tokens == 1].double().mean(0))
-    assert torch.allclose(tok_means[1], H[tokens == 2].double().mean(0))
-
-
 def test_hidden_state_report_separates_position_from_noise():
     B, T, D, vocab = 100, 24, 32, 20
     tokens = torch.randint(vocab, (B, T), generator=gen(20))
@@ -204,7 +194,9 @@ def svd_hidden_report(H: torch.Tensor, tokens: torch.Tensor, k: int = 8, seed: i
     """The hidden-state report as it was before it was summed in chunks: (B, T, D) in float64, SVDs for the directions."""
     B, T, D = H.shape
     H = H.double()
-    pos_means, tok_means, _ = geo.position_token_means(H, tokens)
+    pos_means = H.mean(dim=0)  # (T, D)
+    ids, counts = tokens.unique(return_counts=True)
+    tok_means = torch.stack([H[tokens == i].mean(dim=0) for i in ids[counts >= 2]])  # tokens seen twice or more
     perm = torch.randperm(B * T, generator=gen(seed))
     shuffled = H.reshape(B * T, D)[perm].reshape(B, T, D).mean(dim=0)
     k = min(k, T - 1, len(tok_means) - 1, D)

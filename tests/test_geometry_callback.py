@@ -112,6 +112,37 @@ def test_records_keep_each_logged_step():
     assert model.training  # put back in training mode
 
 
+@pytest.mark.parametrize("pe", ["learned", "rope", "alibi"])
+def test_record_on_a_model_and_a_batch_is_what_the_callback_logs(pe):
+    """analysis.record.record (no Lightning: what a checkpoint reader calls) on the callback's rows and settings gives
+    the very dict the callback logs, at a step with the position probe and at one without."""
+    from types import SimpleNamespace
+
+    from pe_geometry.analysis.record import record
+    from tests.test_attention import build
+
+    model = build(DecoderLM, pe, ExplicitAttention)
+    callback = GeometryCallback(n_tokens=20, fixed_k=2, null_draws=4, probe_batch_size=3, position_probe_blocks=6,
+                                position_probe_permutations=3, attention_null_draws=3, position_probe_every_n_steps=4)
+    stream = np.random.default_rng(0).zipf(1.3, 4000) % 50
+    callback.choose_rows(stream[:3000], stream[3000:], 50, 8, specials=[0])
+    logged = {}
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.__setitem__(step, metrics))
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[logger])
+    for step in (0, 2):
+        trainer.global_step = step
+        callback._record(trainer, SimpleNamespace(model=model))
+    settings = {"fixed_k": 2, "null_draws": 4, "position_probe_permutations": 3, "attention_null_draws": 3}
+    model.eval()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with_probe = record(model, callback.probe, word_ids=callback.token_ids, position_blocks=callback.position_blocks,
+                            **settings)
+        without = record(model, callback.probe, word_ids=callback.token_ids, **settings)
+    assert logged[0] == with_probe and logged[2] == without
+    assert "geometry/hidden/layer0/position_r2" in with_probe and "geometry/attn/head0/mean_distance" in without
+    assert ("geometry/abs_cos_mean" in without) == (pe == "learned")
+
+
 def test_a_record_in_one_block_chunks_equals_one_chunk_and_the_probe_shares_its_pass():
     """chunk_tokens changes how much is held at once, not the figures: one block per chunk vs every block in one
     (float32 forwards of different batch sizes round differently: 1e-5), with the position probe (whose pass feeds

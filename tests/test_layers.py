@@ -1,13 +1,14 @@
 """The package's layers: each imports only the layers below it, and no modules import each other in a circle.
 
 model (plain torch) < data < training (Lightning/Hydra glue) < analysis (the measures, the report) < cli;
-configs, offline and extras are leaves every layer may use. Imports inside functions count too: a lazy
-import is still a dependency.
+configs, offline, extras, signatures and files (the atomic writers) are leaves every layer may use; ``files`` imports the
+standard library only. Imports inside functions count too: a lazy import is still a dependency.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ import pe_geometry
 
 PACKAGE_DIR = Path(pe_geometry.__file__).resolve().parent
 PLUGIN_DIR = PACKAGE_DIR.parent / "hydra_plugins" / "pe_geometry"
-LAYERS = {"configs": 0, "offline": 0, "extras": 0, "model": 1, "data": 2, "training": 3, "analysis": 4, "cli": 5}
+LAYERS = {"configs": 0, "offline": 0, "extras": 0, "files": 0, "signatures": 0,
+          "model": 1, "data": 2, "training": 3, "analysis": 4, "cli": 5}
 
 
 def module_name(path: Path) -> str:
@@ -79,6 +81,23 @@ def test_no_module_imports_a_layer_above_its_own(module):
         return
     upward = sorted(m for m in GRAPH[module] if (layer_of(m) or 0) > own)
     assert not upward, f"{module} (layer {own}) imports from a layer above it: {upward}"
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level package of every absolute import in a file, at any depth (``os.path`` -> ``os``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add((node.module or "").partition(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("module", ["pe_geometry.files", "pe_geometry.offline"])
+def test_the_leaf_modules_import_only_the_standard_library(module):
+    outside = sorted(top_level_imports(MODULES[module]) - set(sys.stdlib_module_names) - {"__future__"})
+    assert not outside, f"{module} imports {outside}: a leaf every layer imports must stay standard library only"
 
 
 def test_no_modules_import_each_other_in_a_circle():

@@ -56,8 +56,9 @@ def test_unknown_attention_term_is_rejected():
 
 
 def test_measures_older_runs_logged_are_still_described_but_no_longer_built():
-    """The report of an older run titles its lumped bias share and pos_pos-only head count; new runs cannot log them."""
-    assert names.describe("bias_share")[0] == "Block 0 attention: score variance from the bias (all three bias terms) term"
+    """The report of an older run titles its pos_pos-only head count and 8-block probe; new runs cannot log the lumped
+    bias share (the first days' name, no longer described either: a plain fallback title)."""
+    assert names.describe("bias_share") == ("bias share", "value")
     assert names.describe("n_positional_heads")[0].startswith("Block 0 positional heads (position–position")
     assert names.describe("position_probe_r2")[0] == "Position read off the hidden states (ridge probe)"
     with pytest.raises(ValueError, match="unknown attention term 'bias'"):

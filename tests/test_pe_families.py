@@ -283,15 +283,13 @@ def test_settings_that_do_not_fit_the_run_are_warned_about():
 
 def test_cope_defaults_to_the_papers_p_max_whatever_the_training_length(tmp_path):
     """p_max followed data.seq_len once (64 in the benchmark): a table the training block could not fill, read at 16x.
-    The paper and x-transformers use 16; the constructor, the schema and the yaml agree on it."""
+    The paper and x-transformers use 16; the config takes it from the constructor, its one source."""
     import inspect
 
-    from pe_geometry.training.schema import CoPESettings
     from tests.conftest import compose_train_config
 
     cfg = compose_train_config(["pe=cope", "data.seq_len=64", "model.d_model=32", "model.n_heads=2"], tmp_path)
-    assert cfg.pe.p_max == 16
-    assert inspect.signature(CoPE).parameters["p_max"].default == 16 == CoPESettings.model_fields["p_max"].default
+    assert cfg.pe.p_max == 16 == inspect.signature(CoPE).parameters["p_max"].default
 
 
 def test_a_run_logs_each_warning_once_at_the_start(caplog, tmp_path):
@@ -305,10 +303,11 @@ def test_a_run_logs_each_warning_once_at_the_start(caplog, tmp_path):
 
 
 def test_schema_types_the_new_settings_and_knows_every_scaling():
-    from pe_geometry.training.schema import RotarySettings, SchemaError, check_schema
+    from pe_geometry.signatures import constructor_params
+    from pe_geometry.training.schema import SchemaError, check_schema
     from tests.conftest import compose_train_config
 
-    assert get_args(RotarySettings.model_fields["scaling"].annotation) == ROPE_SCALINGS
+    assert get_args(constructor_params("pe_geometry.model.RotaryPE")["scaling"].annotation) == ROPE_SCALINGS
     with pytest.raises(SchemaError, match=r"pe.scaling=cubic must be one of \['none', 'linear'"):
         check_schema(compose_train_config(["pe=rope", "pe.scaling=cubic"]))
     with pytest.raises(SchemaError, match=r"pe.p_max=x must be an integer >= 2"):

@@ -1,5 +1,7 @@
 """Every family on one axis (analysis.position_attention): block 0's positional score share and each head's mean
-attention distance, checked against the attention's own weights and hand computations."""
+attention distance, checked against the attention's own weights and hand computations, and against the figures as
+they were computed before the analysis read the forward's hook points (``rederived_score_parts``: the scores
+recomputed from the weights)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import pytest
 import torch
 
 from pe_geometry.analysis import position_attention as pa
-from pe_geometry.analysis.attention_split import first_layer_attention_split
-from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention
+from pe_geometry.analysis.attention_split import first_layer_attention_split, recorded_attention
+from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention, SDPAttention
 from pe_geometry.model.positional import alibi_slopes
+from pe_geometry.model.transformer import record_attention
 from tests.conftest import PE_TYPES
 from tests.test_attention import build, live
 
@@ -29,18 +32,91 @@ def test_content_plus_position_are_the_logits_the_attention_softmaxes(pe, model_
     assert_score_parts_softmax_to_kept_weights(live(build(model_cls, pe, ExplicitAttention)).eval(), tokens())
 
 
+def attention_inputs(model, idx: torch.Tensor):
+    """What each block's self-attention reads on token blocks idx (B, T): its input, after ln_attn in a pre-LN block."""
+    for block, x in zip(model.blocks, model.iter_hidden_states(idx)):
+        yield block.ln_attn(x) if block.norm == "pre" else x
+
+
+def rederived_score_parts(attn, x: torch.Tensor, causal: bool, mix: torch.Tensor | None = None):
+    """content, position of a self-attention on its input x, recomputed from the weights and the encoding's hooks:
+    how the analysis computed them before it read the forward's recorded points (the reference they must equal)."""
+    T = x.shape[1]
+    q = attn._queries(x)
+    k = attn._per_query_head(attn._keys_values(x)[0], dim=1)
+    if mix is not None:
+        q, k = q @ mix.to(q.dtype), k @ mix.to(k.dtype)
+    scale = 1.0 / math.sqrt(attn.d_head)
+    content = (q @ k.transpose(-2, -1)).float() * scale
+    q, k = attn.pe.rotate_qk(q, k, 0)
+    position = (q @ k.transpose(-2, -1)).float() * scale - content
+    for bias in (attn.pe.score_bias(T, T, 0), attn.pe.qk_bias(q, k, 0, causal)):
+        if bias is not None:
+            position = position + bias.float()
+    factor = attn._logn_factor(T, 0, causal, x.device)
+    if factor is not None:
+        content, position = content * factor, position * factor
+    return content, position
+
+
 def assert_score_parts_softmax_to_kept_weights(model, idx: torch.Tensor) -> None:
-    """score_parts' content + position, masked with the layer's visible keys, softmax to the weights the explicit path
-    kept, in every block (test_attention_variants runs it under every attention variant too)."""
+    """score_parts' content + position from every block's recorded points, masked with the layer's visible keys,
+    softmax to the weights the explicit path kept and equal the recorded logits and the parts recomputed from the
+    weights, in every block (test_attention_variants runs it under every attention variant too)."""
     for block in model.blocks:
         block.attn.keep_weights = True
+    causal = model.input_stack.causal
     with torch.no_grad():
-        model(idx)
+        with record_attention(model) as record:
+            model.input_stack(idx)
         mask = pa._mask(model, idx.shape[1], idx.device)
-        for block, x in zip(model.blocks, pa.attention_inputs(model, idx)):
-            content, position = block.attn.score_parts(x, causal=model.input_stack.causal)
-            weights = (content + position).masked_fill(~mask, float("-inf")).softmax(dim=-1)
-            torch.testing.assert_close(weights, block.attn.attn_weights, atol=1e-5, rtol=1e-5)
+        for i, (block, x) in enumerate(zip(model.blocks, attention_inputs(model, idx))):
+            content, position = pa.score_parts(block.attn, record[i])
+            logits = (content + position).masked_fill(~mask, float("-inf"))
+            torch.testing.assert_close(logits, record[i]["logits"], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logits.softmax(dim=-1), block.attn.attn_weights, atol=1e-5, rtol=1e-5)
+            for ours, before in zip((content, position), rederived_score_parts(block.attn, x, causal)):
+                torch.testing.assert_close(ours, before, atol=1e-5, rtol=1e-5)
+
+
+def figures_as_before(model, idx: torch.Tensor, mix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block 0's relative positional share (H,), mean distance (n_layers, H)) computed as before the analysis read
+    the recorded points: from each block's input and the weights (rederived_score_parts)."""
+    causal, mask = model.input_stack.causal, pa._mask(model, idx.shape[1], idx.device)
+    positions = torch.arange(idx.shape[1], dtype=torch.float64)
+    distance = (positions[:, None] - positions[None, :]).abs()
+    inputs = list(attention_inputs(model, idx))
+    cov = var = 0.0
+    for one in inputs[0].split(1):
+        c, v = pa._share_sums(*rederived_score_parts(model.blocks[0].attn, one, causal, mix), mask)
+        cov, var = cov + c, var + v
+    out = []
+    for block, x in zip(model.blocks, inputs):
+        total = 0.0
+        for one in x.split(1):
+            content, position = rederived_score_parts(block.attn, one, causal)
+            weights = (content + position).double().masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            total = total + (weights * distance).sum(dim=-1).mean(dim=-1).sum(dim=0)
+        out.append(total / idx.shape[0])
+    return cov / var, torch.stack(out)
+
+
+@pytest.mark.parametrize("kernel", [ExplicitAttention, SDPAttention])
+@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM])
+def test_the_figures_read_from_the_recorded_points_are_the_figures_recomputed_from_the_weights(model_cls, pe, kernel):
+    """Reading the forward's hook points instead of recomputing the scores changes no figure: the shares (and the
+    rotation null's draws) to 1e-9, the mean distances to float32 rounding (the logits summed once, not as
+    content + position)."""
+    model, idx = live(build(model_cls, pe, kernel)).eval(), tokens()
+    with torch.no_grad():
+        share, distance = figures_as_before(model, idx)
+        torch.testing.assert_close(pa.relative_position_shares(model, idx), share, atol=1e-9, rtol=0)
+        torch.testing.assert_close(pa.mean_attention_distance(model, idx)[0], distance, atol=1e-6, rtol=0)
+        if pa.has_rotation(model):
+            generator = torch.Generator().manual_seed(0)
+            draws = [figures_as_before(model, idx, pa.haar_orthogonal(4, 8, generator))[0] for _ in range(3)]
+            torch.testing.assert_close(pa.rotation_share_draws(model, idx, n_draws=3), torch.stack(draws), atol=1e-9, rtol=0)
 
 
 def test_alibi_share_is_the_hand_computed_covariance_of_its_bias():
@@ -48,8 +124,7 @@ def test_alibi_share_is_the_hand_computed_covariance_of_its_bias():
     model = build(DecoderLM, "alibi", ExplicitAttention).eval()
     idx = tokens()
     with torch.no_grad():
-        x = next(pa.attention_inputs(model, idx))
-        content, _ = model.blocks[0].attn.score_parts(x, causal=True)
+        content, _ = pa.score_parts(model.blocks[0].attn, recorded_attention(model, idx)[0])
         share = pa.relative_position_shares(model, idx)
     i = torch.arange(T, dtype=torch.float64)
     bias = -alibi_slopes(4).double()[:, None, None] * (i[:, None] - i[None, :])  # (H, T, T), used where j <= i
@@ -78,12 +153,16 @@ def test_nope_has_no_position_term_and_sinusoidal_uses_the_additive_split():
 
 def test_a_random_orthogonal_mix_keeps_every_content_score_and_moves_the_rotation_term():
     model = build(DecoderLM, "rope", ExplicitAttention).eval()
-    x = next(pa.attention_inputs(model, tokens()))
     mix = pa.haar_orthogonal(4, 8, torch.Generator().manual_seed(1)).float()
     torch.testing.assert_close(mix @ mix.transpose(-2, -1), torch.eye(8).expand(4, 8, 8), atol=1e-6, rtol=0)
+    attn = model.blocks[0].attn
     with torch.no_grad():
-        content, position = model.blocks[0].attn.score_parts(x, causal=True)
-        mixed_content, mixed_position = model.blocks[0].attn.score_parts(x, causal=True, mix=mix)
+        recorded = recorded_attention(model, tokens())[0]
+        content, position = pa.score_parts(attn, recorded)
+        mixed_content, mixed_position = pa.score_parts(attn, recorded, mix=mix)
+        x = next(attention_inputs(model, tokens()))
+        for ours, before in zip((mixed_content, mixed_position), rederived_score_parts(attn, x, True, mix)):
+            torch.testing.assert_close(ours, before, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(mixed_content, content, atol=1e-5, rtol=1e-5)
     assert (mixed_position - position).abs().max() > 1e-2
 
@@ -149,3 +228,22 @@ def test_the_report_holds_both_figures_with_the_null_only_for_a_rotation():
     assert [len(row) for row in rope["mean_distance"]] == [4, 4]
     assert rope["distance_chance"] == [pytest.approx((T - 1) / 4)] * 2
     assert alibi["distance_chance"] == [pytest.approx((T * T - 1) / (3 * T))] * 2
+
+
+def test_a_shuffled_control_draws_the_row_orders_it_drew_before():
+    """pe.shuffle: every forward draws its row orders. The recording forward of block 0's split leaves the RNG as it
+    found it, so the mean distance after the split reads the orders it read when the split ran no forward."""
+    from functools import partial
+
+    from pe_geometry.model import LearnedPE
+
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=partial(LearnedPE, shuffle=True)).eval()
+    idx = tokens()
+    with torch.no_grad():
+        torch.manual_seed(5)
+        _, before = figures_as_before(model, idx)
+        torch.manual_seed(5)
+        first_layer_attention_split(model, idx)
+        after, _ = pa.mean_attention_distance(model, idx)
+    torch.testing.assert_close(after, before, atol=1e-6, rtol=0)

@@ -465,6 +465,21 @@ def _build(source, out, **kw):
     return build_report(source, out, extrapolation=False, pretrained=False, verdict=False, **kw)
 
 
+@pytest.fixture
+def text_only(monkeypatch):
+    """For the tests that read report.md and summary.json only: every figure is still built (its axes, lines, labels,
+    which file it goes to) but not laid out, drawn or saved (an empty file stands in for its PNG), which was most of a
+    report's 3-7 s. What the drawing does is test_every_label_lies_inside_its_figure's and, on real runs,
+    test_report_writes_figures_tables_and_summary's (both with the real ``_finish``)."""
+    from pe_geometry.analysis.report import figures
+
+    def finish(fig, path, groups):
+        path.touch()
+        figures.plt.close(fig)
+
+    monkeypatch.setattr(figures, "_finish", finish)
+
+
 def _figures(monkeypatch) -> list:
     """Keep every figure the report draws open (plt.close collects it instead), to inspect its artists."""
     from pe_geometry.analysis.report import figures
@@ -474,7 +489,7 @@ def _figures(monkeypatch) -> list:
     return kept
 
 
-def test_one_seed_reads_the_only_seed_not_none_of_1_seeds(tmp_path):
+def test_one_seed_reads_the_only_seed_not_none_of_1_seeds(text_only, tmp_path):
     """A one-run report says '1 run', 'seed 0', '1 layer' and 'the only seed' (it said 'none of 1 seeds', 'seed(s)')."""
     run = tmp_path / "run"
     _fake_run(run, SHORT_RUN)
@@ -496,7 +511,7 @@ def test_one_seed_reads_the_only_seed_not_none_of_1_seeds(tmp_path):
         assert wrong not in md, wrong
 
 
-def test_attention_title_reads_all_position_dependent_terms(tmp_path):
+def test_attention_title_reads_all_position_dependent_terms(text_only, tmp_path):
     from pe_geometry.analysis import metric_names as names
 
     assert names.describe("positional_share")[0] == "Block 0 attention: score variance from all position-dependent terms"
@@ -507,7 +522,7 @@ def test_attention_title_reads_all_position_dependent_terms(tmp_path):
     assert "the every" not in md
 
 
-def test_header_states_the_blocks_each_hidden_state_probe_used(tmp_path):
+def test_header_states_the_blocks_each_hidden_state_probe_used(text_only, tmp_path):
     """The header once named the 8-block batch as 'the hidden-state probe' while C6 said 128 (a fixed string): both now
     say what the run's geometry_tokens.json recorded (here 40 blocks for the position probe)."""
     extra = {"geometry/hidden/layer0/position_r2_p": {0: 0.05, 60: 0.05}, "geometry/hidden/layer0/position_r2_z": {0: 50, 60: 60}}
@@ -520,7 +535,7 @@ def test_header_states_the_blocks_each_hidden_state_probe_used(tmp_path):
     assert "hidden-state probe: the first 8" not in md and "128 validation blocks" not in md
 
 
-def test_report_names_runs_relative_to_the_sweep_and_how_to_regenerate_it(tmp_path):
+def test_report_names_runs_relative_to_the_sweep_and_how_to_regenerate_it(text_only, tmp_path):
     """No path of this machine in report.md or summary.json: the sweep by its name, each run by its name and folder
     inside the sweep, the sweep's own command line (less the cache path) and the pe-report line."""
     sweep = _fake_sweep(tmp_path)
@@ -540,7 +555,7 @@ def test_report_names_runs_relative_to_the_sweep_and_how_to_regenerate_it(tmp_pa
                                                                 ("decoder-learned-s0", "1_decoder-learned-s0")]
 
 
-def test_a_single_run_regenerates_with_its_own_overrides(tmp_path):
+def test_a_single_run_regenerates_with_its_own_overrides(text_only, tmp_path):
     run = tmp_path / "run"
     _fake_run(run, SHORT_RUN, overrides=["model.d_model=32", f"paths.cache_dir={tmp_path}"])
     summary = _build(run, run / "report")
@@ -549,7 +564,7 @@ def test_a_single_run_regenerates_with_its_own_overrides(tmp_path):
     assert summary["runs"][0]["dir"] == "."
 
 
-def test_reports_of_the_same_runs_differ_only_in_the_generation_line(tmp_path, monkeypatch):
+def test_reports_of_the_same_runs_differ_only_in_the_generation_line(text_only, tmp_path, monkeypatch):
     import datetime
     from types import SimpleNamespace
 

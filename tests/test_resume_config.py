@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from pe_geometry.analysis.runs import read_run_rows
 from pe_geometry.training.pipeline import train
-from pe_geometry.training.run_config import choice_contradictions, overridden_keys, resumed_config
+from pe_geometry.training.resume import choice_contradictions, overridden_keys, resumed_config
 from pe_geometry.training.run_folder import stage_resume
 from pe_geometry.training.validate import ConfigError
 from tests.conftest import ROOT, compose_train_config, tiny_train_config
@@ -219,7 +219,7 @@ def test_the_printed_resume_override_parses_back_to_the_checkpoint_path(tmp_path
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from pe_geometry.training.pipeline import resume_command
+    from pe_geometry.training.resume import resume_command
 
     run = tmp_path / folder
     printed = resume_command(OmegaConf.create({"paths": {"output_dir": str(run)}}))

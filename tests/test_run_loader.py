@@ -8,7 +8,6 @@ weights, the run's config, its step): loading needs no training, so these tests 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +17,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
-from pe_geometry.model import EncoderDecoder, EncoderMLM
+from pe_geometry.model import EncoderMLM
 from pe_geometry.model.sampling import prompt_ids
 from pe_geometry.training.optimizer import warmup_cosine
 from pe_geometry.training.run_loader import RunLoadError, build_datamodule, build_model, load_trained_run
@@ -26,13 +25,12 @@ from pe_geometry.training.sample import SampleTextCallback
 from tests.conftest import CONFIG_DIR, MODEL_TYPES, compose_train_config, tiny_train_config
 
 
-def write_checkpoint(run_dir: Path, cfg, model: torch.nn.Module, step: int = 7, run_config: bool = True) -> Path:
+def write_checkpoint(run_dir: Path, cfg, model: torch.nn.Module, step: int = 7) -> Path:
     """A checkpoint as training writes it: the task's weights under ``model.``, the step, the resolved config."""
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True, exist_ok=True)
-    state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "global_step": step}
-    if run_config:
-        state |= {"run_config": OmegaConf.to_container(cfg, resolve=True), "group_choices": {"pe": "rope"}}
+    state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "global_step": step,
+             "run_config": OmegaConf.to_container(cfg, resolve=True), "group_choices": {"pe": "rope"}}
     torch.save(state, ckpt)
     return ckpt
 
@@ -71,33 +69,6 @@ def test_runs_on_the_same_data_share_one_datamodule(saved_runs):
     assert decoder.datamodule is encoder.datamodule and len(shared) == 1
 
 
-def old_spelling(node):
-    """A config as runs wrote it before the package was namespaced: ``model.RotaryPE``, no optimizer ``_target_``."""
-    if isinstance(node, dict):
-        return {k: (v.removeprefix("pe_geometry.") if k == "_target_" else old_spelling(v)) for k, v in node.items()
-                if k not in ("_target_", "_partial_") or not str(node.get("_target_", "")).endswith("adamw_warmup_cosine")}
-    return node
-
-
-def test_an_old_run_without_run_config_loads_from_config_yaml_with_old_targets_and_a_relative_cache(
-        tmp_path, tiny_corpus, cache_dir, monkeypatch):
-    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["model=encoder_decoder", "pe=learned"])
-    torch.manual_seed(2)
-    model = build_model(cfg, build_datamodule(cfg))
-    run_dir = tmp_path / "run"
-    write_checkpoint(run_dir, cfg, model, run_config=False)
-    saved = old_spelling(OmegaConf.to_container(cfg, resolve=True))
-    assert saved["model"]["_target_"] == "model.EncoderDecoder" and saved["pe"]["_target_"] == "model.LearnedPE"
-    monkeypatch.chdir(cache_dir.parent)  # where the run was started: its cache_dir was relative to there
-    saved["data"]["cache_dir"] = os.path.relpath(saved["data"]["cache_dir"], cache_dir.parent)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(saved))
-
-    run = load_trained_run(run_dir)
-    assert isinstance(run.model, EncoderDecoder) and run.config.pe._target_ == "pe_geometry.model.LearnedPE"
-    assert run.config.data.cache_dir == cfg.data.cache_dir  # the run's own cache, found from the working directory
-    assert all(torch.equal(run.model.state_dict()[k], v) for k, v in model.state_dict().items())
-
-
 def test_every_problem_is_one_line_naming_the_file(tmp_path, saved_runs):
     with pytest.raises(RunLoadError, match=r"^ckpt_path=\S+nope.ckpt: no checkpoint file there$"):
         load_trained_run(tmp_path / "nope.ckpt")
@@ -107,10 +78,11 @@ def test_every_problem_is_one_line_naming_the_file(tmp_path, saved_runs):
     (tmp_path / "bad.ckpt").write_bytes(b"not a checkpoint")
     with pytest.raises(RunLoadError, match=r"^ckpt_path=\S+bad.ckpt is not a readable Lightning checkpoint \(\w+: "):
         load_trained_run(tmp_path / "bad.ckpt")
-    bare = tmp_path / "bare" / "checkpoints" / "last.ckpt"  # weights, but neither a run_config nor a config.yaml
+    bare = tmp_path / "bare" / "checkpoints" / "last.ckpt"  # weights, but no run_config: not a checkpoint of pe-train
     bare.parent.mkdir(parents=True)
     torch.save({"state_dict": {}, "global_step": 1}, bare)
-    with pytest.raises(RunLoadError, match=r"the checkpoint has no run_config and there is no \S+bare/config.yaml$"):
+    (bare.parent.parent / "config.yaml").write_text("seed: 0\n")  # a config beside it is not read: the checkpoint's own only
+    with pytest.raises(RunLoadError, match=r"^ckpt_path=\S+bare/checkpoints/last.ckpt: the checkpoint has no run_config \("):
         load_trained_run(bare)
 
     run_dir, weights = saved_runs["decoder"]
@@ -122,8 +94,9 @@ def test_every_problem_is_one_line_naming_the_file(tmp_path, saved_runs):
 
 
 def test_a_resume_checkpoint_reads_through_the_loader_and_keeps_its_messages(tmp_path, saved_runs):
-    """train.py's resume reads the file with the loader's reader, which also insists on optimiser states."""
-    from pe_geometry.training.pipeline import read_checkpoint
+    """train.py's resume finds and reads the file as the loader does (``training.resume``), and also insists on optimiser
+    states."""
+    from pe_geometry.training.resume import read_checkpoint
     from pe_geometry.training.validate import ConfigError
 
     ckpt = saved_runs["decoder"][0] / "checkpoints" / "last.ckpt"  # weights only: fine to sample from, not to resume
@@ -136,7 +109,7 @@ def test_a_resume_checkpoint_reads_through_the_loader_and_keeps_its_messages(tmp
 def test_ckpt_path_auto_resumes_a_run_folder_that_has_one_and_starts_one_that_has_none(tmp_path):
     """``auto`` is how a stopped sweep continues: each job's folder either holds its last.ckpt or nothing yet. A new
     run (ckpt_path null) into a folder holding a run is refused instead of overwriting its checkpoints."""
-    from pe_geometry.training.pipeline import read_checkpoint
+    from pe_geometry.training.resume import read_checkpoint
     from pe_geometry.training.validate import ConfigError
 
     assert read_checkpoint("auto", tmp_path) == (None, tmp_path, None, None)  # nothing there: a new run
@@ -250,7 +223,7 @@ def test_a_misspelt_optimizer_key_names_the_valid_ones(tmp_path):
     from pe_geometry.training.validate import ConfigError, check_config
 
     valid = r"\['betas', 'fused', 'lr', 'lr_base_width', 'min_lr_ratio', 'no_decay_embeddings', 'warmup_steps', 'weight_decay'\]$"
-    with pytest.raises(ConfigError, match=r"^optimizer.momentum is not a setting of optimizer; valid: " + valid):
+    with pytest.raises(ConfigError, match=r"^optimizer.momentum is not a setting of optimizer=adamw; valid: " + valid):
         check_config(compose_train_config(["+optimizer.momentum=0.9"], tmp_path))
 
 

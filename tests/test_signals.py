@@ -82,6 +82,7 @@ def test_a_signal_during_a_validation_mid_accumulation_stops_at_the_next_optimis
 
 
 # -- 2. a signal during a validation off the checkpoint grid -----------------------------------------
+@pytest.mark.sends_sigint  # (a Ctrl-C of its own: the graceful stop, not the end of pytest; see tests/conftest.py)
 def test_a_signal_during_a_validation_off_the_checkpoint_grid_resumes_every_row_at_its_step(tmp_path, tiny_corpus, cache_dir, monkeypatch):
     """Checkpoint every 4 steps, validate every 3: the stop after step 9's validation saves an off-grid checkpoint.
     Its resume used to log every train/loss and lr row one step late (step 9 missing, an extra step 12).

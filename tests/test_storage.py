@@ -1,7 +1,7 @@
 """A full or read-only disk, and a cache file replaced by a directory: one clear line, no traceback, and the
 last complete checkpoint (and cache entry) left whole. See docs/RELIABILITY.md.
 
-In-process, a full disk is ``FakeDisk`` standing in for the ``os`` module of ``data.cache``, through which
+In-process, a full disk is ``FakeDisk`` standing in for the ``os`` module of ``pe_geometry.files``, through which
 every writer of ours goes (checkpoints, ``metrics.csv``, the token cache): a chosen file takes what fits,
 then fails with ENOSPC as a real one does. Tests may run as root, where ``chmod`` stops no write, so the
 read-only cases patch the failing call in-process. The ``slow`` tests run ``train.py`` against a real
@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pe_geometry.data import cache as data_cache
-from pe_geometry.data.cache import StorageError
+from pe_geometry import files
 from pe_geometry.data.corpus import TextFilesCorpus
 from pe_geometry.data.datamodule import TextDataModule
+from pe_geometry.files import StorageError
 from pe_geometry.training.callbacks import AtomicCheckpointIO, _CrashSafeMetricsWriter
 from pe_geometry.training.pipeline import check_writable, train
 from pe_geometry.training.storage import quiet_log_file_errors, storage_failure
@@ -86,9 +86,9 @@ def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint_and_no_temp_fil
     if failure == "read_only":  # the temp file cannot even be created
         def read_only(*args, **kwargs):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path.parent))
-        monkeypatch.setattr(data_cache.tempfile, "mkstemp", read_only)
+        monkeypatch.setattr(files.tempfile, "mkstemp", read_only)
     else:
-        monkeypatch.setattr(data_cache, "os", FakeDisk("last.ckpt", free=1000, fsync_fails=failure == "full_at_fsync"))
+        monkeypatch.setattr(files, "os", FakeDisk("last.ckpt", free=1000, fsync_fails=failure == "full_at_fsync"))
     reason = "read-only file system" if failure == "read_only" else "no space left on device"
     with pytest.raises(StorageError, match=rf"^{reason} writing {re.escape(str(path))}$") as err:
         io_plugin.save_checkpoint({"global_step": 2, "weights": torch.ones(1000)}, path)
@@ -103,7 +103,7 @@ def test_a_full_disk_while_training_is_one_line_naming_the_file_and_the_last_com
     """Step 2 is saved; the disk is full when step 4 is: the run stops with StorageError, and train.py's line
     (``storage_failure``) names the file and the checkpoint to resume from, which is step 2's, whole."""
     cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["trainer.max_steps=6", "trainer.val_check_interval=6"])
-    monkeypatch.setattr(data_cache, "os", FakeDisk("step000004.ckpt", free=50_000))
+    monkeypatch.setattr(files, "os", FakeDisk("step000004.ckpt", free=50_000))
     with pytest.raises(StorageError) as err:
         train(cfg)
     run = tmp_path / "run"
@@ -127,7 +127,7 @@ def test_a_full_disk_while_writing_metrics_leaves_no_partial_row_and_the_rows_ar
     writer.save()
     before = csv_path.read_text()
     writer.log_metrics({"train/loss": 0.2}, step=3)  # an append
-    monkeypatch.setattr(data_cache, "os", FakeDisk("metrics.csv", free=5))  # room for half a row
+    monkeypatch.setattr(files, "os", FakeDisk("metrics.csv", free=5))  # room for half a row
     with pytest.raises(StorageError, match=rf"^no space left on device writing {re.escape(str(csv_path))}$"):
         writer.save()
     assert csv_path.read_text() == before  # the half row was cut back off
@@ -183,7 +183,7 @@ def test_an_unwritable_token_cache_is_one_line_naming_the_file(failure, tmp_path
         monkeypatch.setattr(Path, "mkdir", read_only)
         expected = r"read-only file system writing .*/cache/\w+/tokenizer\.json"
     else:  # the tokenizer fits, the training tokens do not
-        monkeypatch.setattr(data_cache, "os", FakeDisk("train.npy", free=1000))
+        monkeypatch.setattr(files, "os", FakeDisk("train.npy", free=1000))
         expected = r"no space left on device writing .*/cache/\w+/train\.npy"
     with pytest.raises(StorageError, match=rf"^{expected}$"):
         _datamodule(tiny_corpus, cache).prepare_data()

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import csv
 import math
-import subprocess
-import sys
+import os
+import signal
 
 import pytest
 import torch
 
 from pe_geometry.training.pipeline import train
-from tests.conftest import MODEL_TYPES, PE_TYPES, ROOT, tiny_train_config
+from tests.conftest import MODEL_TYPES, PE_TYPES, STOP_SIGNALS, tiny_train_config
 
 
 def read_csv(path):
@@ -39,14 +39,62 @@ def test_fit_every_model_and_pe(model, pe, tmp_path, tiny_corpus, cache_dir):
     assert (run / "config.yaml").exists() and (run / "run_info.json").exists()
 
 
-def test_training_lowers_the_loss(tmp_path, tiny_corpus, cache_dir):
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_corpus, cache_dir):
+    """One 40-step run with the default loggers (CSV and W&B offline), read by the three tests below; with the stop
+    signals' handlers just before and just after it (``pipeline.train`` in this process, as a notebook calls it)."""
+    root = tmp_path_factory.mktemp("finished")
     cfg = tiny_train_config(
-        tmp_path, tiny_corpus, cache_dir,
-        ["trainer.max_steps=40", "trainer.val_check_interval=40", "optimizer.lr=3e-3", "optimizer.warmup_steps=5"],
+        root, tiny_corpus, cache_dir,
+        ["logger=default", "trainer.max_steps=40", "trainer.val_check_interval=40", "optimizer.lr=3e-3", "optimizer.warmup_steps=5"],
     )
+    handlers = [{sig: signal.getsignal(sig) for sig in STOP_SIGNALS}]
     train(cfg)
-    losses = [float(r["train/loss"]) for r in read_csv(tmp_path / "run" / "csv" / "metrics.csv") if r["train/loss"]]
+    handlers.append({sig: signal.getsignal(sig) for sig in STOP_SIGNALS})
+    return root / "run", handlers
+
+
+def test_training_lowers_the_loss(finished_run):
+    run, _ = finished_run
+    losses = [float(r["train/loss"]) for r in read_csv(run / "csv" / "metrics.csv") if r["train/loss"]]
+    assert len(losses) == 40
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5  # ln(300) = 5.7 at the start
+
+
+def test_a_finished_in_process_run_leaves_the_signal_handlers_as_it_found_them(finished_run):
+    """GracefulStop replaces the stop signals' handlers while a run trains; once ``train`` returns, Ctrl-C must be
+    the caller's again (pytest's, a notebook's), not the run's."""
+    from pe_geometry.training.interrupt import GracefulStop, _log_finished
+
+    _, (before, after) = finished_run
+    assert after == before
+    # (before: Python's default_int_handler, or SIG_IGN where a shell started pytest in the background)
+    assert not [h for h in after.values() if isinstance(getattr(h, "__self__", None), GracefulStop) or h is _log_finished]
+
+
+def test_wandb_offline_run_files_are_written(finished_run):
+    run, _ = finished_run
+    runs = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def test_ctrl_c_during_an_in_process_run_ends_pytest(tmp_path, tiny_corpus, cache_dir, monkeypatch):
+    """A Ctrl-C while a test's run trains used to be taken by the run (a stop after the step, or ignored after the last
+    step) and pytest went on with the next test; tests/conftest.py makes it KeyboardInterrupt, which ends the session."""
+    from pe_geometry.training.task import LanguageModelTask
+
+    real_step = LanguageModelTask.training_step
+
+    def ctrl_c_at_step_1(self, block, batch_idx):
+        if self.global_step == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it to pytest
+        return real_step(self, block, batch_idx)
+
+    monkeypatch.setattr(LanguageModelTask, "training_step", ctrl_c_at_step_1)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["~callbacks.geometry", "~callbacks.sample"]))
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_same_seed_same_losses_different_seed_different(tmp_path, tiny_corpus, cache_dir):
@@ -57,32 +105,6 @@ def test_same_seed_same_losses_different_seed_different(tmp_path, tiny_corpus, c
     first = losses(0, "a")
     assert first == losses(0, "b")
     assert first != losses(1, "c")
-
-
-def test_wandb_offline_run_files_are_written(tmp_path, tiny_corpus, cache_dir):
-    cfg = tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["logger=default"])
-    train(cfg)
-    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(runs) == 1 and runs[0].stat().st_size > 0
-
-
-@pytest.mark.slow  # runs train.py in a subprocess
-def test_cli_runs_a_sweep(tmp_path, tiny_corpus):
-    """``python train.py -m pe=a,b`` makes one output dir per run, each with a checkpoint."""
-    args = [
-        "-m", "pe=rope,alibi", "logger=csv", "data=text_files",
-        f"data.corpus.train_files=[{tiny_corpus['train']}]", f"data.corpus.val_files=[{tiny_corpus['validation']}]",
-        f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        "model.d_model=32", "model.n_layers=1", "data.seq_len=16", "data.batch_size=4", "data.vocab_size=300",
-        "trainer.max_steps=2", "trainer.limit_val_batches=1", "trainer.val_check_interval=2", "~callbacks.progress_bar",
-    ]
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
-    assert runs == ["0_decoder-rope-s0", "1_decoder-alibi-s0"]
-    for run in runs:
-        assert (tmp_path / "sweep" / run / "checkpoints" / "last.ckpt").exists()
-        assert (tmp_path / "sweep" / run / ".hydra" / "config.yaml").exists()
 
 
 def test_speed_options_train(tmp_path, tiny_corpus, cache_dir):
@@ -99,6 +121,7 @@ def test_speed_options_train(tmp_path, tiny_corpus, cache_dir):
     assert ckpt["global_step"] == 4
 
 
+@pytest.mark.slow  # torch.compile's code generation: ~10 s, most of the fast loop's longest test
 def test_compiled_model_trains_and_matches_eager_loss(tmp_path, tiny_corpus, cache_dir):
     """compile=true wraps the model with torch.compile; the first step's loss equals eager's (same seed)."""
     def first_loss(sub, compiled):

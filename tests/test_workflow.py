@@ -21,7 +21,7 @@ import torch
 
 from pe_geometry.analysis.runs import read_run_rows
 from pe_geometry.training.pipeline import train
-from pe_geometry.training.run_config import contradictions, is_fixed_on_resume, overridden_keys
+from pe_geometry.training.resume import contradictions, is_fixed_on_resume, overridden_keys
 from pe_geometry.training.validate import ConfigError
 from tests.conftest import ROOT, compose_train_config, tiny_train_config
 
@@ -109,20 +109,19 @@ def test_resume_rebuilds_the_checkpoint_model_and_keeps_the_first_config(rope_ru
 
 
 def test_a_matching_resume_continues_the_same_curves(tmp_path, tiny_corpus, cache_dir):
-    straight = tiny_train_config(tmp_path / "a", tiny_corpus, cache_dir, ["trainer.max_steps=6", "trainer.val_check_interval=6"])
-    train(straight)
-    # the same run, then resumed from its step-2 checkpoint (the rows from step 2 on are logged again)
+    def losses(run):
+        return {int(r["step"]): float(r["train/loss"]) for r in read_run_rows(run) if r["train/loss"]}
+
     first = tiny_train_config(tmp_path / "b", tiny_corpus, cache_dir, ["trainer.max_steps=6", "trainer.val_check_interval=6"])
     train(first)
+    a = losses(tmp_path / "b" / "run")  # the straight run's curve (a second identical run: the same, as test_train shows)
+    # the same run, resumed from its step-2 checkpoint (the rows from step 2 on are logged again)
     step2 = tmp_path / "b" / "run" / "checkpoints" / "step000002.ckpt"
     resumed = tiny_train_config(tmp_path / "b", tiny_corpus, cache_dir,
                                 ["trainer.max_steps=6", "trainer.val_check_interval=6", f"ckpt_path={step2}"])
     train(resumed)
-
-    def losses(run):
-        return {int(r["step"]): float(r["train/loss"]) for r in read_run_rows(run) if r["train/loss"]}
-
-    a, b = losses(tmp_path / "a" / "run"), losses(tmp_path / "b" / "run")
+    b = losses(tmp_path / "b" / "run")
+    assert (tmp_path / "b" / "run" / "csv" / "resume-step2" / "metrics.csv").is_file()  # b's rows are the resume's
     assert sorted(a) == sorted(b) == list(range(6))
     assert all(math.isclose(a[s], b[s], rel_tol=1e-6) for s in a), (a, b)
     assert (tmp_path / "b" / "run" / "config-resume-step2.yaml").is_file()
@@ -189,6 +188,13 @@ def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tin
     output = result.stdout + result.stderr
     assert "step 2/2 | train/loss" in output and "tokens/s | ETA" in output
     assert "final val/loss" in output and "wandb sync" in output and "report:     pe-report" in output
+    # one output folder per job, each with its checkpoint and Hydra's record of its config (this was
+    # tests/test_train.py's test_cli_runs_a_sweep, a sweep of its own)
+    jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert jobs == ["0_decoder-sinusoidal-s0", "1_decoder-learned-s0"]
+    for job in jobs:
+        assert (tmp_path / "sweep" / job / "checkpoints" / "last.ckpt").exists()
+        assert (tmp_path / "sweep" / job / ".hydra" / "config.yaml").exists()
 
 
 @pytest.mark.slow  # runs train.py in a subprocess and interrupts it

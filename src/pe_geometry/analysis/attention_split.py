@@ -35,6 +35,12 @@ The attention variants (model/attention.py) keep the split exact, i.e. the terms
   parts are scaled by f_i (a per-row scale keeps row-constant terms row-constant).
 - ``window``: the keys a query may see are the layer's band (``visible_keys_mask``), not the causal mask.
 - ``n_kv_heads``: W_K and b_K are read per query head (each shared key head repeated), so nothing changes.
+
+The split is this module's own (the forward has no word and position parts), but what it reads of the forward and
+its total come from the forward itself: block 0 runs once with its hook points recorded (``recorded_attention``,
+``model.transformer.record_attention``), logn_scaling's factors are the recorded ``query_scale``, and the terms'
+sum is checked against the recorded ``logits`` on the keys each query sees (``check_total``: a split that drifted
+from the attention raises instead of logging shares of scores the model never computed).
 """
 
 from __future__ import annotations
@@ -44,10 +50,13 @@ import math
 import torch
 from torch import Tensor
 
+from pe_geometry.model.transformer import record_attention
+
 TERMS = ("word_word", "pos_pos", "word_pos", "pos_word", "word_bias", "pos_bias", "bias_bias")
 POSITIONAL_TERMS = ("pos_pos", "word_pos", "pos_word", "pos_bias")
 _CHUNK_ELEMENTS = 1 << 24  # score entries (heads x T x T) split_shares holds at once: 64 MB in float32
 _NORM_EPS = 1e-12  # F.normalize's floor on |q| and |k|, as the attention's qk_norm uses it
+_TOTAL_RTOL = 1e-3  # check_total's tolerance, relative to the largest visible logit (float32 rounding: ~1e-6)
 
 
 def _f64(x: Tensor) -> Tensor:
@@ -233,6 +242,7 @@ def split_shares(
     dtype: torch.dtype = torch.float32,
     qk_temperature: Tensor | None = None,
     query_scale: Tensor | None = None,
+    logits: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """term_shares(sequence_terms(...), mask) without materialising the terms: (n_heads,) float64 per term and ``positional``.
 
@@ -253,7 +263,9 @@ def split_shares(
     its share to word_bias, pos_bias and bias_bias. A large b_K makes the unit keys nearly parallel, so
     the logits (up to tau_h) vary little along a row: each key part is first centred over the keys
     (exact, since S_c's rows sum to 0), which keeps float32 near the float64 split. logn_scaling's
-    query_scale multiplies the q-side parts.
+    query_scale multiplies the q-side parts. ``logits`` (B, n_heads, T, T), the scores the forward recorded
+    (-inf where hidden): each chunk's S_c is checked against their row-centred copy (``check_total``; the row
+    constants S leaves out cancel there).
     """
     device = word.device
     W_q, W_k, b_q, b_k, position = (t.detach().to(device=device, dtype=dtype) for t in (W_q, W_k, b_q, b_k, position))
@@ -267,6 +279,7 @@ def split_shares(
     else:
         n_keys = torch.full((T, 1), float(T), dtype=dtype, device=device)
     cov = {name: torch.zeros(n_heads, dtype=torch.float64, device=device) for name in TERMS}
+    gap = largest = 0.0  # the check against the recorded logits
 
     def heads(y: Tensor) -> Tensor:  # (T, n_heads * d_head) -> (n_heads, T, d_head)
         return y.reshape(-1, n_heads, d_head).transpose(0, 1)
@@ -274,7 +287,7 @@ def split_shares(
     def total(t: Tensor) -> Tensor:  # (h, T, d) -> (h,) float64
         return t.sum(dim=(-2, -1)).to(torch.float64)
 
-    for e in word:  # (T, D)
+    for b, e in enumerate(word):  # (T, D)
         if norm is not None:
             e_part, p_part, b_ln = split_layernorm(e, position, *norm, dtype=dtype)
             bq, bk = b_q + b_ln[0] @ W_q, b_k + b_ln[0] @ W_k
@@ -296,6 +309,13 @@ def split_shares(
             S -= S.sum(dim=-1, keepdim=True) / n_keys
             if mask is not None:
                 S.masked_fill_(~mask, 0.0)  # S_c: row-centred over the keys each query sees, 0 elsewhere
+            if logits is not None:
+                real = logits[b, hs].to(device=device, dtype=dtype)
+                largest = max(largest, float(real[real.isfinite()].abs().max()))
+                real = real if mask is None else real.masked_fill(~mask, 0.0)
+                real = real - real.sum(dim=-1, keepdim=True) / n_keys
+                gap = max(gap, float((S - (real if mask is None else real.masked_fill(~mask, 0.0))).abs().max()))
+                del real
             M_e, M_p = S @ k_e[hs] * scale, S @ k_p[hs] * scale  # (h, T, d_head)
             M_b = S @ bk[hs] * scale if key_bias else None
             del S
@@ -309,15 +329,48 @@ def split_shares(
                 cov["word_bias"][hs] += total(q_e[hs] * M_b)
                 cov["pos_bias"][hs] += total(q_p[hs] * M_b)
                 cov["bias_bias"][hs] += total(bq[hs] * M_b)
+    if logits is not None:
+        check_total(gap, largest, logits.dtype, "block 0's split terms (row-centred)")
     var = sum(cov.values())  # Var(S) = sum_t Cov(term_t, S): the shares sum to 1 (to float64 rounding) as term_shares'
     shares = {name: c / var for name, c in cov.items()}  # bias_bias: 0 without qk_norm (constant along every row)
     shares["positional"] = sum(shares[name] for name in POSITIONAL_TERMS)
     return shares
 
 
-def _first_layer_inputs(model, idx: Tensor) -> tuple[tuple, dict]:
+def recorded_attention(model, idx: Tensor, n_blocks: int = 1) -> dict[int, dict[str, Tensor | None]]:
+    """The hook points of the first ``n_blocks`` self-attentions of ``model``'s input stack on token blocks idx
+    (B, T) (``record_attention``): one forward that stops after block n_blocks - 1. The RNG is left as found (a
+    ``pe.shuffle`` forward draws its row orders), so a measure's figures do not depend on which ran before it."""
+    with analysis_rng(idx.device), record_attention(model, range(n_blocks)) as record:
+        for _ in zip(range(n_blocks + 1), model.iter_hidden_states(idx)):  # the state after block n_blocks - 1
+            pass
+    return record
+
+
+def analysis_rng(device: torch.device):
+    """fork_rng of the CPU and ``device``'s generator: what runs inside leaves the RNG as it found it."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+
+
+def _total_gap(total: Tensor, logits: Tensor) -> tuple[float, float]:
+    """(max |total - logits|, max |logits|) over the keys a query sees (the finite logits), in float64."""
+    visible = logits.isfinite()
+    return float((total.double() - logits.double())[visible].abs().max()), float(logits[visible].abs().max())
+
+
+def check_total(gap: float, largest: float, dtype: torch.dtype, what: str) -> None:
+    """Raise ValueError when a split's total is ``gap`` away from the recorded logits (largest |logit| ``largest``,
+    of ``dtype``) by more than rounding: _TOTAL_RTOL (or 64 eps of a low-precision dtype) times 1 + largest."""
+    tolerance = max(_TOTAL_RTOL, 64 * torch.finfo(dtype).eps) * (1.0 + largest)
+    if gap > tolerance:
+        raise ValueError(f"{what} do not add up to the logits the forward computed: off by {gap:.3g} "
+                         f"(largest logit {largest:.3g}); the split has drifted from model/attention.py")
+
+
+def _first_layer_inputs(model, idx: Tensor, recorded: dict[str, Tensor | None]) -> tuple[tuple, dict]:
     """The arguments of sequence_terms / split_shares for block 0 of ``model`` on token blocks idx (B, T), the
-    attention's variants included (qk_norm's temperatures, logn_scaling's per-query factor)."""
+    attention's variants included (qk_norm's temperatures, logn_scaling's per-query factor, read from ``recorded``:
+    block 0's hook points on idx)."""
     stack, block = model.input_stack, model.blocks[0]
     attn = block.attn
 
@@ -327,9 +380,14 @@ def _first_layer_inputs(model, idx: Tensor) -> tuple[tuple, dict]:
     norm = (block.ln_attn.weight, block.ln_attn.bias, block.ln_attn.eps) if block.norm == "pre" else None
     args = (stack.embedding(idx), stack.pe.input_term(idx.shape[1]), packed(attn.W_Q), packed(attn.W_K),
             attn.b_Q.reshape(-1), attn.b_K.reshape(-1))
-    query_scale = attn._logn_factor(idx.shape[1], 0, stack.causal, idx.device)  # (T, 1) or None
     return args, {"n_heads": attn.n_heads, "norm": norm, "qk_temperature": attn.qk_temperature,
-                  "query_scale": query_scale}
+                  "query_scale": recorded["query_scale"]}  # (T, 1) or None
+
+
+def _logits_to_check(model, recorded: dict[str, Tensor | None]) -> Tensor | None:
+    """The recorded logits the split's total must equal; None under ``pe.shuffle``, whose forward read the table's
+    rows in a random order while the split reads them in order (the control's figures are of the table itself)."""
+    return None if model.input_stack.pe.shuffle else recorded["logits"]
 
 
 def _visible_keys(model, T: int, device: torch.device | None = None) -> Tensor | None:
@@ -345,12 +403,18 @@ def first_layer_terms(model, idx: Tensor) -> tuple[dict[str, Tensor], Tensor | N
     model/transformer.py). x = s * e + p enters block 0 (s the embedding scale); with
     pre-LN the attention reads LN(x); with post-LN it reads x. The attention's variants
     (qk_norm, logn_scaling) are split as the module docstring says: the terms sum to its
-    logits. Also returns the (T, T) mask of keys a query may see (causal, a window's band;
-    None when every query sees every key). Memory: 7 B n_heads T^2 float64
-    (4 blocks at T 1024, 12 heads: 2.8 GB); first_layer_attention_split needs none of it.
+    logits, which is checked: their sum is the logits the forward recorded (``check_total``). Also returns the
+    (T, T) mask of keys a query may see (causal, a window's band; None when every query sees every key).
+    Memory: 7 B n_heads T^2 float64 (4 blocks at T 1024, 12 heads: 2.8 GB); first_layer_attention_split needs
+    none of it.
     """
-    args, kwargs = _first_layer_inputs(model, idx)
-    return sequence_terms(*args, **kwargs), _visible_keys(model, idx.shape[1])
+    recorded = recorded_attention(model, idx)[0]
+    args, kwargs = _first_layer_inputs(model, idx, recorded)
+    terms = sequence_terms(*args, **kwargs)
+    logits = _logits_to_check(model, recorded)
+    if logits is not None:
+        check_total(*_total_gap(sum(terms.values()), logits), logits.dtype, "block 0's split terms")
+    return terms, _visible_keys(model, idx.shape[1])
 
 
 def first_layer_attention_split(model, idx: Tensor, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
@@ -360,7 +424,9 @@ def first_layer_attention_split(model, idx: Tensor, dtype: torch.dtype = torch.f
     Pooled = variance-weighted over the B sequences, not a mean of per-sequence ratios.
     Computed by split_shares on the model's device, in ``dtype``, a sequence and a few heads
     at a time: equal to term_shares(*first_layer_terms(model, idx)) to ~1e-6 in float32 and to
-    rounding in float64.
+    rounding in float64. The scores it splits are checked against the recorded logits (split_shares' ``logits``).
     """
-    args, kwargs = _first_layer_inputs(model, idx)
-    return split_shares(*args, **kwargs, mask=_visible_keys(model, idx.shape[1], idx.device), dtype=dtype)
+    recorded = recorded_attention(model, idx)[0]
+    args, kwargs = _first_layer_inputs(model, idx, recorded)
+    return split_shares(*args, **kwargs, mask=_visible_keys(model, idx.shape[1], idx.device), dtype=dtype,
+                        logits=_logits_to_check(model, recorded))

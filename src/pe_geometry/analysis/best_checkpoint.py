@@ -27,8 +27,9 @@ import torch
 
 from pe_geometry.analysis.metric_names import VAL_LOSS
 from pe_geometry.analysis.runs import load_run
-from pe_geometry.data.cache import atomic_write_bytes, atomic_write_text
-from pe_geometry.training.run_loader import RunLoadError, load_trained_run, load_weights, read_checkpoint_file
+from pe_geometry.files import atomic_write_bytes, atomic_write_text
+from pe_geometry.training.resume import RunLoadError, read_checkpoint_file
+from pe_geometry.training.run_loader import load_trained_run, load_weights
 from pe_geometry.training.task import LanguageModelTask
 
 log = logging.getLogger(__name__)

@@ -257,23 +257,6 @@ def geometry_report(E: Tensor, P: Tensor, embed_scale: float = 1.0, seed: int = 
 # ----------------------------------------------------------------------------- hidden states
 
 
-def position_token_means(H: Tensor, tokens: Tensor, min_count: int = 2) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-position means (T, D), per-token means (n_tok, D) and those tokens' ids (n_tok,).
-
-    H (B, T, D) hidden states, tokens (B, T) ids. Only tokens occurring at least
-    min_count times get a mean (a token seen once is its own position's sample).
-    """
-    B, T, D = H.shape
-    H = _f64(H)
-    pos_means = H.mean(dim=0)  # (T, D)
-    flat_ids = tokens.reshape(-1).long()
-    ids, inverse, counts = torch.unique(flat_ids, return_inverse=True, return_counts=True)
-    sums = torch.zeros(len(ids), D, dtype=torch.float64).index_add_(0, inverse, H.reshape(-1, D))
-    keep = counts >= min_count
-    tok_means = sums[keep] / counts[keep, None]
-    return pos_means, tok_means, ids[keep]
-
-
 def _top_directions(X: Tensor, k: int) -> Tensor:
     """top_principal_directions(X, k) from an eigh of the smaller centred Gram matrix: (d, k) orthonormal columns.
 

@@ -43,9 +43,6 @@ ATTENTION_TERMS = {"word_word": "the word–word term", "pos_pos": "the position
                    "word_pos": "the word–position term", "pos_word": "the position–word term",
                    "word_bias": "the word–bias term", "pos_bias": "the position–bias term",
                    "bias_bias": "the bias–bias term", "positional": "all position-dependent terms"}
-# Older runs also logged the three bias terms as one, and counted a head positional from pos_pos alone:
-# no longer logged, still described for the report of those runs.
-OLD_ATTENTION_TERMS = {"bias": "the bias (all three bias terms) term"}
 
 # (pattern of the measure's last name component, title, y-axis label); {0} = the pattern's first group,
 # {term} = that group spelled out. The order is the order of the measures in the report.
@@ -77,7 +74,7 @@ MEASURES = [
     (r"log_position_r2", "log(1 + position) read off the hidden states (grouped-CV ridge probe)", "CV R²  (1 = exact)"),
     (r"position_var_share", "Share of hidden-state variance between positions", "variance share (0–1)"),
     (r"overlap_pos_tok_k(\d+)", "Overlap of per-position and per-token mean subspaces (top {0})", "overlap (0 = orthogonal, 1 = nested)"),
-    (r"(pos_pos|word_word|word_pos|pos_word|bias|word_bias|pos_bias|bias_bias|positional)_share",
+    (r"(pos_pos|word_word|word_pos|pos_word|word_bias|pos_bias|bias_bias|positional)_share",
      "Block 0 attention: score variance from {term}",
      "share of score variance"),
     (r"mean_distance", "Block 0 attention: mean distance attended", "tokens (mean |i − j| under the weights)"),
@@ -193,7 +190,7 @@ def describe(measure: str) -> tuple[str, str]:
         m = re.fullmatch(pattern, measure)
         if m:
             groups = m.groups()
-            term = {**ATTENTION_TERMS, **OLD_ATTENTION_TERMS}.get(groups[0], groups[0]) if groups else ""
+            term = ATTENTION_TERMS.get(groups[0], groups[0]) if groups else ""
             return title.format(*groups, term=term), ylabel
     return measure.replace("_", " "), "value"
 

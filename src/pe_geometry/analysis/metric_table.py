@@ -5,8 +5,8 @@
 
 What a measure is called, what it means and its axis come from ``analysis.metric_names`` (``MEASURES``,
 ``describe``, ``measure_order``); which measures exist, their section and the baselines beside each come from
-the names a ``GeometryCallback`` really logs, parsed with ``metric_names.parse``. Those names are collected
-once from a tiny decoder with a learned position table (so the input and attention sections are measured too)
+the names a ``GeometryCallback`` really logs (``analysis.record.record``), parsed with ``metric_names.parse``.
+Those names are collected once from a tiny decoder with a learned position table (so the input and attention sections are measured too)
 and every family switched on, the powered position probe included: names only, the values are not used.
 A measure listed in ``MEASURES`` that the callback no longer logs keeps a row that says so (committed results
 and old runs may still hold it); a logged measure missing from ``MEASURES`` is listed with a plain title.
@@ -30,23 +30,23 @@ PANEL_LABELS = {"layer": "layer<i>", "head": "head<h>"}
 
 
 def logged_names() -> list[str]:
-    """Every metric name the geometry callback logs, from one measurement of a tiny learned-PE decoder."""
-    from pe_geometry.analysis.geometry_callback import GeometryCallback
+    """Every metric name the geometry callback logs (``analysis.record.record`` at the callback's defaults), from one
+    measurement of a tiny learned-PE decoder."""
+    from pe_geometry.analysis.record import record
     from pe_geometry.model import DecoderLM, LearnedPE
 
     seq_len, vocab_size = 16, 64
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = DecoderLM(vocab_size=vocab_size, d_model=16, n_heads=2, n_layers=1, pe=functools.partial(LearnedPE, max_len=seq_len))
-        callback = GeometryCallback(n_tokens=40, null_draws=2, position_probe_blocks=5, position_probe_permutations=2)
-        # What GeometryCallback.setup takes from a datamodule: word rows, the position rows' length, the probe blocks.
-        callback.token_ids = torch.arange(3, 43)
-        callback.seq_len = seq_len
-        callback.probe = torch.randint(3, vocab_size, (4, seq_len))
-        callback.position_blocks = torch.randint(3, vocab_size, (5, seq_len))
+        # What GeometryCallback.setup takes from a datamodule: word rows, the probe blocks, the position probe's blocks.
+        word_ids = torch.arange(3, 43)
+        probe = torch.randint(3, vocab_size, (4, seq_len))
+        position_blocks = torch.randint(3, vocab_size, (5, seq_len))
         model.eval()
         with torch.no_grad():
-            metrics = callback.measure(model, position_probe_now=True)
+            metrics = record(model, probe, word_ids=word_ids, position_blocks=position_blocks, null_draws=2,
+                             position_probe_permutations=2)
     return sorted(metrics)
 
 
@@ -64,7 +64,7 @@ def _cell(text: str) -> str:
 
 def _alternatives(pattern: str) -> list[str]:
     """A MEASURES pattern that starts with an alternation of plain names, one pattern per name
-    (``(pos_pos|bias)_share`` -> ``pos_pos_share``, ``bias_share``), so each can be found logged or not."""
+    (``(pos_pos|word_word)_share`` -> ``pos_pos_share``, ``word_word_share``), so each can be found logged or not."""
     m = re.fullmatch(r"\(([\w|]+)\)(.*)", pattern)
     if m is None or "|" not in m.group(1):
         return [pattern]
@@ -126,12 +126,6 @@ def replace_between_markers(text: str, table: str) -> str:
     if start < 0 or end < start:
         raise ValueError(f"no metric table markers in the file: put {BEGIN!r} and {END!r} on lines of their own")
     return text[: start + len(BEGIN)] + "\n" + table + text[end:]
-
-
-def between_markers(text: str) -> str:
-    """The table a file holds between BEGIN and END ('' when the markers are missing)."""
-    start, end = text.find(BEGIN), text.find(END)
-    return text[start + len(BEGIN) + 1 : end] if 0 <= start < end else ""
 
 
 def main(argv: list[str] | None = None) -> None:

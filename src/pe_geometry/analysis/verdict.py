@@ -48,7 +48,7 @@ with needs_extra("report", "the verdict"):
 from pe_geometry.analysis import metric_names as names
 from pe_geometry.analysis.nulls import REPORT_DRAWS
 from pe_geometry.analysis.runs import Group, Run, n_layers_of, stats
-from pe_geometry.data.cache import atomic_write_text
+from pe_geometry.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 _DATAMODULES: dict[str, object] = {}  # one datamodule per data config (a sweep's runs share one)

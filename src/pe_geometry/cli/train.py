@@ -45,6 +45,8 @@ def train_and_report(cfg: DictConfig, in_sweep: bool) -> float | None:
     from pe_geometry.training.storage import quiet_log_file_errors, storage_failure
 
     quiet_log_file_errors()
+    if not in_sweep:
+        refuse_bad_values_early(cfg)
     # heavy imports after Hydra has parsed the command line
     from hydra.core.hydra_config import HydraConfig
     from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -94,6 +96,27 @@ def train_and_report(cfg: DictConfig, in_sweep: bool) -> float | None:
     return metrics.get("val/loss")  # for Hydra sweepers that optimise a value
 
 
+def refuse_bad_values_early(cfg: DictConfig) -> None:
+    """A value the schema refuses (``model.dropout=2``, ``+pe.bsae=3``) answered in well under a second: the
+    constructors are read from their source (``check_schema(import_classes=False)``), before torch and Lightning
+    load (~9 CPU-s). The full check, after the imports, still runs in ``train`` (and on a resume, against the
+    checkpoint's config). A sweep's jobs are checked there, where a refused job is recorded and the sweep goes on."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from pe_geometry.training.run_folder import remove_stub_run_dir
+    from pe_geometry.training.schema import SchemaError, check_schema
+
+    runtime = HydraConfig.get().runtime
+    try:
+        check_schema(copy.deepcopy(cfg), dict(runtime.choices), import_classes=False)
+    except SchemaError as err:
+        print(f"error: {err}", file=sys.stderr)
+        remove_stub_run_dir(Path(runtime.output_dir), Path(runtime.cwd))
+        sys.exit(2)
+
+
 def signal_name(signum: int) -> str:
     try:
         return "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -107,7 +130,7 @@ def report_stop(cfg: DictConfig, in_sweep: bool = False) -> int:
     138/140 SIGUSR1/SIGUSR2), so a scheduler does not take a stopped run for a finished one. A sweep job records
     how it stopped in the sweep folder; the sweep's own process prints the command that continues the sweep."""
     from pe_geometry.training.interrupt import received_signal
-    from pe_geometry.training.pipeline import resume_command
+    from pe_geometry.training.resume import resume_command
 
     signum = received_signal() or signal.SIGTERM  # (Lightning's own SIGTERM handler stops a run before training starts)
     name = signal_name(signum)
@@ -133,16 +156,12 @@ def report_interrupt(cfg: DictConfig, in_sweep: bool) -> int:
     data or the model), or a second Ctrl-C, which stops at once without saving. One line; returns 130."""
     from hydra.core.hydra_config import HydraConfig
 
-    from pe_geometry.training.run_folder import is_staged
-
     if training_started():
-        from pe_geometry.training.pipeline import resume_command
+        from pe_geometry.training.resume import resume_command
 
         line = f"interrupted (Ctrl-C twice); resume from the last saved checkpoint with {resume_command(cfg)}"
-    else:
-        runtime = HydraConfig.get().runtime  # a resume still in its staging folder (removed at exit) wrote nothing
-        left = "nothing was written" if is_staged(Path(runtime.output_dir)) else written(Path(runtime.cwd))
-        line = f"interrupted before training started; {left}"
+    else:  # (a resume still in its staging folder: that folder holds only what Hydra wrote, and goes)
+        line = f"interrupted before training started; {written(Path(HydraConfig.get().runtime.cwd))}"
     if in_sweep:  # the sweep's own process prints the command that continues the sweep
         from pe_geometry.training.sweep import record_stopped_job
 

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 from pe_geometry.cli import console_script
-from pe_geometry.data.cache import atomic_write_text
 from pe_geometry.extras import exit_on_missing_extra
+from pe_geometry.files import atomic_write_text
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
     from pe_geometry.analysis.control_contrast import contrast

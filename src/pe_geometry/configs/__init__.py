@@ -1,7 +1,6 @@
 """The Hydra config groups, shipped as package data: Hydra reaches them as ``pkg://pe_geometry.configs``."""
 
 from pathlib import Path
-from typing import Any
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
@@ -15,10 +14,14 @@ def current_target(target: str) -> str:
     return f"pe_geometry.{target}" if isinstance(target, str) and target.split(".", 1)[0] in _OLD_TOP_LEVEL else target
 
 
-def with_current_targets(node: Any) -> Any:
-    """A config container (dicts and lists) with every ``_target_`` as this version spells it."""
-    if isinstance(node, dict):
-        return {k: current_target(v) if k == "_target_" else with_current_targets(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [with_current_targets(v) for v in node]
-    return node
+# Constructor arguments the pipeline passes itself (the data's vocabulary, the model's width given to its encoding, ...):
+# not config keys. The schema refuses them in a group's node; the constructor defaults Hydra composes leave them out.
+SUPPLIED: dict[str, set[str]] = {
+    "model": {"vocab_size", "mask_token_id", "pe", "embedding", "attention"},
+    "pe": {"d_model", "n_heads"},
+    "embedding": {"vocab_size", "d_model"},
+    "attention": {"d_model", "n_heads", "pe", "dropout"},  # dropout: model.dropout
+    "trainer": {"callbacks", "logger", "plugins"},
+    "logger": {"resume_step", "config", "group", "job_type", "id", "resume"},
+    "optimizer": {"model", "max_steps"},  # LanguageModelTask calls the bound factory with them
+}

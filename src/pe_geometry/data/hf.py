@@ -18,9 +18,10 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import datasets
+from annotated_types import Ge, Gt, MinLen
 
 from pe_geometry.data.corpus import Corpus, CorpusError
 from pe_geometry.data.datamodule import TextDataModule
@@ -220,7 +221,7 @@ class HFDataModule(TextDataModule):
 
     def __init__(
         self,
-        path: str,
+        path: Annotated[str, MinLen(1), "a hub name, a save_to_disk folder, or parquet|json|csv|text|arrow"],
         name: str | None = None,
         data_files: str | list | dict | None = None,
         data_dir: str | None = None,
@@ -228,9 +229,9 @@ class HFDataModule(TextDataModule):
         split: str | None = None,
         train_split: str = "train",
         validation_split: str | None = "validation",
-        val_size: float | int = 0.05,
-        text_column: str = "text",
-        max_docs: int | None = None,
+        val_size: Annotated[float | int, Gt(0), "a fraction in (0, 1) or a number of documents >= 1"] = 0.05,
+        text_column: Annotated[str, MinLen(1), "a column name"] = "text",
+        max_docs: Annotated[int | None, Ge(1), "null for every document"] = None,
         streaming: bool = False,
         **settings: Any,
     ) -> None:

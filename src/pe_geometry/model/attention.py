@@ -28,14 +28,27 @@ sequences whose positions are unrelated. ``n_kv_heads`` and ``qk_norm`` apply to
 
 ``KVCache`` holds the keys and values already computed during incremental decoding,
 so each new token costs one query against the cache instead of a full forward pass.
+
+Hook points (as TransformerLens names them): while a self-attention's ``recording`` is a dict (set by
+``model.transformer.record_attention``), each forward call stores there, detached, what it computed (the last call's):
+``q_pre`` / ``k_pre`` the projections before the encoding's hooks (under ``qk_norm``, normalised and scaled),
+``q`` / ``k`` after them (RoPE's, xPos's rotation; ``k`` with the cached keys: every key the queries read, of the
+shared heads under grouped-query attention), ``score_bias`` what the encoding adds to the scores (ALiBi, T5, FIRE,
+Kerple, CoPE's contextual one; None without), ``query_scale`` ``logn_scaling``'s factor per query (T, 1) (None when
+all are 1) and ``logits`` the pre-softmax scores after the mask (-inf where a key is hidden):
+(q . k / sqrt(d_head) + score_bias) x query_scale. Only the points among ``recording``'s keys are stored. The fused
+kernel never forms the logits: recording them computes them explicitly, only then. Off (None, the default) it costs
+one attribute test per call.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
+from annotated_types import Ge, Gt
 from torch import Tensor, nn
 
 from pe_geometry.model.positional import PositionalEncoding
@@ -141,18 +154,20 @@ class MultiHeadAttention(nn.Module):
     ``window``, ``logn_scaling``) are described in the module docstring.
     """
 
+    recording: dict[str, Tensor | None] | None = None  # the hook points' values while recorded (module docstring)
+
     def __init__(
         self,
         d_model: int,
         n_heads: int,
         pe: PositionalEncoding | None = None,
         dropout: float = 0.0,
-        n_kv_heads: int | None = None,
+        n_kv_heads: Annotated[int | None, Ge(1), "dividing model.n_heads; 1: multi-query", "null for model.n_heads"] = None,
         qk_norm: bool = False,
-        qk_norm_scale: float = 10.0,
-        window: int | None = None,
+        qk_norm_scale: Annotated[float, Gt(0), "the learned temperature's start"] = 10.0,
+        window: Annotated[int | None, Ge(1), "positions a query sees", "null for all"] = None,
         logn_scaling: bool = False,
-        training_length: int | None = None,
+        training_length: Annotated[int | None, Ge(2), "the length trained at"] = None,
     ) -> None:
         super().__init__()
         if d_model % n_heads:
@@ -299,6 +314,23 @@ class MultiHeadAttention(nn.Module):
             return None
         return self.pe.qk_bias(q, self._per_query_head(k, dim=1), start, causal)
 
+    def _hook(self, **points: Tensor | None) -> None:
+        """Store the named hook points (detached) in ``recording``: those among its keys (the points asked for)."""
+        for name, t in points.items():
+            if name in self.recording:
+                self.recording[name] = None if t is None else t.detach()
+
+    def logits(
+        self, q: Tensor, k: Tensor, bias: Tensor | None, causal: bool, window: int | None = None
+    ) -> Tensor:
+        """The scores ``attend`` softmaxes, (B, H, T, S): q . k / sqrt(d_head) + bias, -inf where the mask hides a key
+        (arguments as ``attend``'s; keys per key/value head)."""
+        scores = q @ self._per_query_head(k, dim=1).transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)  # a float32 bias would promote bf16 scores (and then fail on v)
+        mask = attention_mask(*scores.shape[-2:], causal, window, scores.device)
+        return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+
     def forward(
         self, x: Tensor, context: Tensor | None = None, causal: bool = False, cache: KVCache | None = None
     ) -> Tensor:
@@ -314,6 +346,7 @@ class MultiHeadAttention(nn.Module):
         else:
             start = cache.length if cache is not None else 0
             k, v = self._keys_values(x)  # (B, Hkv, T, dh)
+            q_pre, k_pre = q, k
             q, k = self.pe.rotate_qk(q, k, start)
             window = self.window
             if cache is not None:  # the cached keys and these, (B, Hkv, S, dh); the next query sees its own and window - 1
@@ -327,6 +360,8 @@ class MultiHeadAttention(nn.Module):
             if contextual is not None:
                 bias = contextual if bias is None else bias + contextual
             factor = self._logn_factor(T, start, causal, x.device)
+            if self.recording is not None:
+                self._hook(q_pre=q_pre, k_pre=k_pre, q=q, k=k, score_bias=bias, query_scale=factor)
             if factor is not None:  # the whole logit, q.k / sqrt(d_head) + bias, times the query's factor
                 q = q * factor.to(q.dtype)
                 bias = None if bias is None else bias * factor.to(bias.dtype)
@@ -347,36 +382,6 @@ class MultiHeadAttention(nn.Module):
         mask = attention_mask(seq_len, seq_len, causal, self.window, device)
         return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device) if mask is None else mask
 
-    def score_parts(self, x: Tensor, causal: bool = False, mix: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """For analysis: this self-attention's scores on x (B, T, D), split as content + position.
-
-        content = q.k / sqrt(d_head) of the projections before any positional hook (under ``qk_norm``, of the
-        normalised q and k: tau_h cos(q, k)); position = what the encoding adds to it: the change a rotation makes
-        to q.k (RoPE, xPos) plus any score bias (ALiBi, T5, FIRE, Kerple, CoPE's contextual one). Under
-        ``logn_scaling`` both are multiplied by the query's factor (1 within the training length). content +
-        position are the logits ``attend`` reads, before the mask (``visible_keys_mask``; both (B, H, T, T)
-        float32; position is 0 for an encoding without hooks). Keys are per query head (grouped-query attention
-        repeats the shared ones). ``mix`` (H, d_head, d_head), orthogonal: q and k of head h are multiplied by
-        mix[h] before the hooks, which keeps every content score and moves the head's q/k energy to other
-        rotation pairs (the rotation null).
-        """
-        T = x.shape[1]
-        q = self._queries(x)  # (B, H, T, dh)
-        k = self._per_query_head(self._keys_values(x)[0], dim=1)
-        if mix is not None:
-            q, k = q @ mix.to(q.dtype), k @ mix.to(k.dtype)
-        scale = 1.0 / math.sqrt(self.d_head)
-        content = (q @ k.transpose(-2, -1)).float() * scale
-        q, k = self.pe.rotate_qk(q, k, 0)
-        position = (q @ k.transpose(-2, -1)).float() * scale - content
-        for bias in (self.pe.score_bias(T, T, 0), self.pe.qk_bias(q, k, 0, causal)):
-            if bias is not None:
-                position = position + bias.float()
-        factor = self._logn_factor(T, 0, causal, x.device)
-        if factor is not None:
-            content, position = content * factor, position * factor
-        return content, position
-
 
 class ExplicitAttention(MultiHeadAttention):
     """The readable path. Set ``keep_weights = True`` to store ``attn_weights`` (B, H, T, S)."""
@@ -387,18 +392,14 @@ class ExplicitAttention(MultiHeadAttention):
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, window: int | None = None
     ) -> Tensor:
-        k, v = self._per_query_head(k, dim=1), self._per_query_head(v, dim=1)  # grouped: each query head's copy
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
-        if bias is not None:
-            scores = scores + bias.to(scores.dtype)  # a float32 bias would promote bf16 scores (and then fail on v)
-        mask = attention_mask(*scores.shape[-2:], causal, window, scores.device)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
+        scores = self.logits(q, k, bias, causal, window)  # (B, H, T, S), keys per query head (grouped: copies)
+        if self.recording is not None:
+            self._hook(logits=scores)
         weights = scores.softmax(dim=-1)
         if self.keep_weights:
             self.attn_weights = weights.detach()
         weights = F.dropout(weights, self.dropout, self.training)
-        return weights @ v
+        return weights @ self._per_query_head(v, dim=1)
 
 
 class SDPAttention(MultiHeadAttention):
@@ -415,6 +416,8 @@ class SDPAttention(MultiHeadAttention):
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, window: int | None = None
     ) -> Tensor:
+        if self.recording is not None and "logits" in self.recording:  # the fused kernel never forms them: written
+            self._hook(logits=self.logits(q, k, bias, causal, window))
         dropout = self.dropout if self.training else 0.0
         T, S = q.shape[-2], k.shape[-2]
         grouped = self.n_groups > 1

@@ -36,15 +36,22 @@ with the final word embedding: an encoding whose table depends on the embedding
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
+from annotated_types import Ge, Gt, Interval
 from torch import Tensor, nn
 
 from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
 
 SINUSOIDAL_SCALES = ("none", "word_norm")
 LEARNED_INITS = ("normal", "mixed")
+# A learned table of more rows than this is a typo (pe.max_len=1e9 asked torch for 128 GB), not a plan.
+MAX_LEARNED_POSITIONS = 1 << 20
+# The annotations below are the config's schema (pe_geometry.signatures): type, range and doc of each key.
+Positions = Annotated[int, Interval(ge=1, le=MAX_LEARNED_POSITIONS)]
+Base = Annotated[float, Gt(1)]
 
 
 class PositionalEncoding(nn.Module):
@@ -139,7 +146,8 @@ class SinusoidalPE(PositionalEncoding):
     at d_model 64). Both are fixed once at init, so rows added later get the same shift and factor.
     """
 
-    def __init__(self, d_model: int, n_heads: int, max_len: int = 512, scale: str = "none", center: bool = False) -> None:
+    def __init__(self, d_model: int, n_heads: int, max_len: Positions = 512,
+                 scale: Literal[SINUSOIDAL_SCALES] = "none", center: bool = False) -> None:
         super().__init__(d_model, n_heads)
         if scale not in SINUSOIDAL_SCALES:
             raise ValueError(f"pe.scale={scale!r}; valid: {list(SINUSOIDAL_SCALES)}")
@@ -196,8 +204,12 @@ class LearnedPE(PositionalEncoding):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, max_len: int = 512, init: str = "normal", init_k: int = 8,
-        freeze: bool = False, shuffle: bool = False,
+        self, d_model: int, n_heads: int,
+        max_len: Annotated[Positions, "rows of the learned table"] = 512,
+        init: Literal[LEARNED_INITS] = "normal",  # mixed: start inside E's top-init_k principal subspace
+        init_k: Annotated[int, Ge(1)] = 8,
+        freeze: bool = False,  # the table is not trained (stays at its init; a control)
+        shuffle: bool = False,  # each sequence reads the rows in a random order (a control)
     ) -> None:
         super().__init__(d_model, n_heads)
         self.check_settings(d_model, n_heads, seq_len=0, max_len=max_len, init=init, init_k=init_k)
@@ -302,13 +314,13 @@ class RotaryPE(PositionalEncoding):
         self,
         d_model: int,
         n_heads: int,
-        base: float = 10000.0,
-        scaling: str = "none",
-        scaling_factor: float = 1.0,
-        training_length: int | None = None,
-        yarn_alpha: float | None = None,
-        yarn_beta: float | None = None,
-        yarn_attention_factor: float | None = None,
+        base: Base = 10000.0,
+        scaling: Literal[ROPE_SCALINGS] = "none",  # stretched at inference (no weight changes)
+        scaling_factor: Annotated[float, Ge(1), "times the training length"] = 1.0,
+        training_length: Annotated[int | None, Ge(1), "the length trained at"] = None,
+        yarn_alpha: Annotated[float | None, Ge(0), "null for the rescaled default"] = None,
+        yarn_beta: Annotated[float | None, Gt(0), "null for the rescaled default"] = None,
+        yarn_attention_factor: Annotated[float | None, Gt(0), "null for 0.1 ln(s) + 1"] = None,
     ) -> None:
         super().__init__(d_model, n_heads)
         RotaryPE.check_settings(  # RoPE's own keys (a subclass checks its own)
@@ -421,8 +433,9 @@ class XPosPE(RotaryPE):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, base: float = 10000.0, gamma: float = 0.4, scale_base: float = 512.0,
-        training_length: int = 512,
+        self, d_model: int, n_heads: int, base: Base = 10000.0, gamma: Annotated[float, Gt(0)] = 0.4,
+        scale_base: Annotated[float, Gt(0), "tokens"] = 512.0,
+        training_length: Annotated[int, Ge(1), "the length trained at"] = 512,
     ) -> None:
         self.check_settings(d_model, n_heads, seq_len=0, gamma=gamma, scale_base=scale_base, training_length=training_length)
         super().__init__(d_model, n_heads, base=base)
@@ -545,7 +558,8 @@ class T5BiasPE(PositionalEncoding):
     other embeddings, N(0, 0.02^2).
     """
 
-    def __init__(self, d_model: int, n_heads: int, num_buckets: int = 32, max_distance: int = 128) -> None:
+    def __init__(self, d_model: int, n_heads: int, num_buckets: Annotated[int, Ge(4)] = 32,
+                 max_distance: Annotated[int, Ge(2), "tokens"] = 128) -> None:
         super().__init__(d_model, n_heads)
         self.check_settings(d_model, n_heads, seq_len=0, num_buckets=num_buckets, max_distance=max_distance)
         self.num_buckets, self.max_distance = num_buckets, max_distance
@@ -603,7 +617,8 @@ class FirePE(PositionalEncoding):
     eps = 1e-6
 
     def __init__(
-        self, d_model: int, n_heads: int, mlp_width: int = 32, init_c: float = 0.1, init_threshold: float = 512.0
+        self, d_model: int, n_heads: int, mlp_width: Annotated[int, Ge(1)] = 32, init_c: Annotated[float, Gt(0)] = 0.1,
+        init_threshold: Annotated[float, Ge(1), "tokens"] = 512.0,
     ) -> None:
         super().__init__(d_model, n_heads)
         self.check_settings(d_model, n_heads, seq_len=0, mlp_width=mlp_width, init_c=init_c, init_threshold=init_threshold)
@@ -708,7 +723,7 @@ class CoPE(PositionalEncoding):
     position vectors. One table (two in an encoder) per stack, shared by its layers (the paper has one per layer).
     """
 
-    def __init__(self, d_model: int, n_heads: int, p_max: int = 16) -> None:
+    def __init__(self, d_model: int, n_heads: int, p_max: Annotated[int, Ge(2)] = 16) -> None:
         super().__init__(d_model, n_heads)
         self.check_settings(d_model, n_heads, seq_len=0, p_max=p_max)
         self.p_max, self.d_head = p_max, d_model // n_heads

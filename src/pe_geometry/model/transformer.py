@@ -10,17 +10,23 @@ without Lightning.
 
 The decoder and the encoder-decoder take ``cache=KVCache()`` for incremental
 decoding (see model/sampling.py): each call then reads only the new tokens.
+
+``record_attention(model)`` switches on the self-attentions' hook points (model/attention.py) for the
+forward calls inside it: what the real forward computed (q and k after the encoding, the score bias,
+the logits), for analysis to read instead of recomputing.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
+from annotated_types import Ge, Interval
 from torch import Tensor, nn
 
 from pe_geometry.model.attention import KVCache, MultiHeadAttention, SDPAttention
@@ -55,12 +61,12 @@ class ModelConfig:
     """
 
     vocab_size: int
-    d_model: int = 128
-    n_heads: int = 4
-    n_layers: int = 4
-    d_ff: int | None = None  # None: 4 * d_model
-    dropout: float = 0.0
-    norm: str = "pre"  # "pre" (GPT-2) or "post" (Vaswani et al.)
+    d_model: Annotated[int, Ge(1)] = 128
+    n_heads: Annotated[int, Ge(1)] = 4
+    n_layers: Annotated[int, Ge(1)] = 4
+    d_ff: Annotated[int | None, Ge(1), "null for 4 * d_model"] = None
+    dropout: Annotated[float, Interval(ge=0, lt=1), "a probability"] = 0.0
+    norm: Literal["pre", "post"] = "pre"  # "pre" (GPT-2) or "post" (Vaswani et al.)
     embedding: EmbeddingFactory = TokenEmbedding
     pe: PEFactory = SinusoidalPE
     attention: AttentionFactory = SDPAttention
@@ -108,6 +114,37 @@ class Block(nn.Module):
         if self.cross_attn is not None:
             x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, context=context, cache=cache))
         return self._sublayer(x, self.ln_mlp, self.mlp)
+
+
+ATTENTION_POINTS = ("q_pre", "k_pre", "q", "k", "score_bias", "query_scale", "logits")  # model/attention.py
+
+
+@contextmanager
+def record_attention(
+    model: nn.Module, blocks: Iterable[int] | None = None, points: Iterable[str] = ATTENTION_POINTS
+) -> Iterator[dict[int, dict[str, Tensor | None]]]:
+    """Record the self-attention hook points of ``model.blocks`` (a LanguageModel's input stack, or a Stack) while
+    inside: ``with record_attention(model) as rec: model(idx)``, then ``rec[block]["logits"]`` (B, H, T, S) etc.
+
+    The points (ATTENTION_POINTS, described in model/attention.py) are those of the last forward call each block
+    made inside the ``with``, detached (None until a call, or where the point is absent); ``blocks``: the indices
+    recorded (None: all); ``points``: which (fewer points, less memory; the fused kernel forms the logits only when
+    they are asked for). Outside it nothing is kept and the forward costs what it did (one attribute test per
+    call); an enclosing recording comes back after.
+    """
+    unknown = sorted(set(points) - set(ATTENTION_POINTS))
+    if unknown:
+        raise ValueError(f"unknown attention point(s) {unknown}; valid: {list(ATTENTION_POINTS)}")
+    layers = {i: model.blocks[i].attn for i in (range(len(model.blocks)) if blocks is None else blocks)}
+    before = {i: attn.recording for i, attn in layers.items()}
+    record: dict[int, dict[str, Tensor | None]] = {i: dict.fromkeys(points) for i in layers}
+    for i, attn in layers.items():
+        attn.recording = record[i]
+    try:
+        yield record
+    finally:
+        for i, attn in layers.items():
+            attn.recording = before[i]
 
 
 def shuffled_rows(rows: Tensor, batch_size: int) -> Tensor:
@@ -316,7 +353,8 @@ class EncoderMLM(LanguageModel):
 
     objective = "masked-lm"
 
-    def __init__(self, vocab_size: int, mask_token_id: int, mask_prob: float = 0.15, **settings: Any) -> None:
+    def __init__(self, vocab_size: int, mask_token_id: int, mask_prob: Annotated[float, Interval(gt=0, lt=1)] = 0.15,
+                 **settings: Any) -> None:
         """``settings``: the other fields of ``ModelConfig`` (d_model, n_heads, n_layers, ..., pe, attention)."""
         config = ModelConfig(vocab_size, **settings)
         stack = Stack(config, causal=False)
@@ -348,11 +386,12 @@ class EncoderDecoder(LanguageModel):
 
     objective = "seq2seq"
 
-    def __init__(self, vocab_size: int, src_fraction: float = 0.5, **settings: Any) -> None:
+    def __init__(self, vocab_size: int, src_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.5,
+                 n_layers: Annotated[int, Ge(1), "blocks on each side"] = 2, **settings: Any) -> None:
         """``settings``: the other fields of ``ModelConfig``; ``n_layers`` blocks on each side (2 unless given)."""
         if not 0.0 < src_fraction < 1.0:
             raise ValueError(f"src_fraction must be in (0, 1), got {src_fraction}")
-        config = ModelConfig(vocab_size, **{"n_layers": 2, **settings})
+        config = ModelConfig(vocab_size, n_layers=n_layers, **settings)
         encoder = Stack(config, causal=False)
         super().__init__(config)
         self.encoder = encoder

@@ -20,7 +20,8 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 # the same temp-file-then-rename writer as the token cache; a full or read-only disk raises StorageError naming the file
-from pe_geometry.data.cache import append_bytes, atomic_write_bytes, storage_errors
+from pe_geometry.files import append_bytes, atomic_write_bytes, storage_errors
+from pe_geometry.training import lightning_compat as compat
 from pe_geometry.training.metrics_csv import CSV_DIR, read_complete_rows, resume_folders, resume_segment, segment_files, superseded_segments
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class StepCheckpoint(ModelCheckpoint):
         # resume from a checkpoint saved before its step's validation skips that validation, so what the validation
         # changes (EarlyStopping's count, the best val/loss of callbacks=early_stop, the metrics row) would be lost and
         # the resumed run would stop elsewhere. Saved after it, the resume skips a validation that is in the checkpoint.
-        if self._on_grid(trainer) and validates_after_this_batch(trainer):
+        if self._on_grid(trainer) and compat.validates_after_this_batch(trainer):
             self._deferred_step = trainer.global_step
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -93,7 +94,7 @@ class StepCheckpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         # Lightning does not keep which step it saved last: after a resume at a grid step, the first micro-batch of the
         # next step (gradient accumulation) still has that global_step and would save it again, mid-step.
-        self._last_global_step_saved = max(self._last_global_step_saved, trainer.global_step)
+        compat.mark_saved(self, max(compat.last_saved_step(self), trainer.global_step))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
@@ -101,11 +102,10 @@ class StepCheckpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if self._deferred_step == trainer.global_step and not self._should_skip_saving_checkpoint(trainer):
+        if self._deferred_step == trainer.global_step and not compat.skips_saving(self, trainer):
             self._deferred_step = None
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+            compat.save_top_k(self, trainer)
+            compat.save_last(self, trainer)
         # A run stopping after this validation (GracefulStop raised the flag) saves here, where Lightning's own
         # after-validation checkpoints are taken: their resume skips the finished validation and counts the
         # logging step on by one. Saved later, on the exception, Lightning had already counted that step, the
@@ -125,39 +125,16 @@ class StepCheckpoint(ModelCheckpoint):
 
     def _on_grid(self, trainer: L.Trainer) -> bool:
         """This step is one of ``every_n_train_steps`` (a time-based interval is left to Lightning)."""
-        return (self._train_time_interval is None and self._every_n_train_steps >= 1
-                and trainer.global_step % self._every_n_train_steps == 0)
+        every = compat.step_interval(self)
+        return every is not None and trainer.global_step % every == 0
 
     def _save_last_if_new(self, trainer: L.Trainer) -> bool:
-        """Save ``last.ckpt`` unless this step is saved already; True if it saved.
-
-        The one use of ModelCheckpoint's private API (checked against Lightning 2.6.0 and 2.6.6): its public
-        hooks save ``last.ckpt`` only beside a step checkpoint (or when none was saved at all), and its
-        ``save_on_exception`` saves on every exception (a NaN loss too), a step file besides.
-        """
-        if not self.save_last or self._last_global_step_saved >= trainer.global_step:
+        """Save ``last.ckpt`` unless this step is saved already; True if it saved (``lightning_compat.save_last``:
+        ModelCheckpoint's public hooks save it only beside a step checkpoint)."""
+        if not self.save_last or compat.last_saved_step(self) >= trainer.global_step:
             return False
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        compat.save_last(self, trainer)
         return True
-
-
-def validates_after_this_batch(trainer: L.Trainer) -> bool:
-    """Whether the fit loop runs a validation right after the training batch that just ended (Lightning's own
-    decision, checked against Lightning 2.6.0 and 2.6.6: private API, like ``_save_last_checkpoint`` above). A
-    validation split without a whole batch never reaches ``on_validation_end``: no validation, as Lightning's
-    ModelCheckpoint decides for its own deferred save."""
-    epoch_loop = trainer.fit_loop.epoch_loop
-    val_batches = trainer.num_val_batches
-    return (trainer.state.fn == "fit" and not getattr(epoch_loop, "_skip_next_val", False)
-            and sum(val_batches if isinstance(val_batches, list) else [val_batches]) > 0
-            and bool(epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)))
-
-
-def lightning_state_key(callback, lightning_class: type) -> str:
-    """``callback.state_key`` under the name of the Lightning class it extends: Lightning's key names the class, and
-    runs configured with Lightning's own class (checkpoints written before the subclass) must restore into it."""
-    key = lightning_class.state_key.fget(callback)
-    return lightning_class.__qualname__ + key.removeprefix(type(callback).__qualname__)
 
 
 def ran_out_of_patience(callback: EarlyStopping) -> bool:
@@ -170,10 +147,6 @@ class EarlyStop(EarlyStopping):
     validation that stopped it (``StepCheckpoint`` saves after a step's validation) ends again at once, instead of
     training on until the next validation (``ckpt_path=auto`` on a sweep resumes its finished jobs too). The configured
     ``patience`` wins over the checkpoint's, so a resume with a larger one continues a stopped run."""
-
-    @property
-    def state_key(self) -> str:
-        return lightning_state_key(self, EarlyStopping)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         patience = self.patience
@@ -208,10 +181,6 @@ class BestCheckpoint(ModelCheckpoint):
         kwargs.setdefault("enable_version_counter", False)
         super().__init__(*args, **kwargs)
 
-    @property
-    def state_key(self) -> str:
-        return lightning_state_key(self, ModelCheckpoint)
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         old = state_dict.get("dirpath")
         if old and self.dirpath and old != self.dirpath:
@@ -240,8 +209,8 @@ def rebase_paths(state: dict[str, Any], old: Path, new: Path) -> dict[str, Any]:
 
 
 class _CrashSafeMetricsWriter(ExperimentWriter):
-    """Lightning's CSV writer with its two writes made crash-safe, which plain ``CSVLogger`` (checked against
-    Lightning 2.6.0 and 2.6.6) is not:
+    """Lightning's CSV writer with its two writes made crash-safe, which plain ``CSVLogger`` (as of Lightning 2.6) is
+    not:
 
     - When a new column appears (the first ``val/loss``, say) Lightning rewrites metrics.csv in place: a kill
       during that rewrite left it empty, and a full disk left it cut, its earlier rows lost. Here the new file
@@ -295,12 +264,12 @@ class ResumableCSVLogger(CSVLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
+        if compat.started_experiment(self) is None:
             # Segments that start at or after this one's step are replaced whole: removed, so the segments left
             # join in the order of their steps (after a resume from an earlier step, too).
             for folder in superseded_segments(Path(self.save_dir), self._first_step):
                 with storage_errors(folder):
                     shutil.rmtree(folder)
             os.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _CrashSafeMetricsWriter(log_dir=self.log_dir)
-        return self._experiment
+            compat.set_experiment(self, _CrashSafeMetricsWriter(log_dir=self.log_dir))
+        return compat.started_experiment(self)

@@ -13,7 +13,7 @@ the micro-batches of a gradient-accumulation step waits for that step's end). A 
 the last step lets the run finish (its final validation and measurements included) and exit 0. A second
 Ctrl-C stops at once, without saving. ``cli/train.py`` exits with 128 + the signal and prints the resume command.
 
-Why not Lightning's own SIGTERM handling (checked against Lightning 2.6.0 and 2.6.6): its handler raises the
+Why not Lightning's own SIGTERM handling (as of Lightning 2.6): its handler raises the
 stop flag at once, so Lightning stops after the current *micro-batch* (under gradient accumulation, a
 checkpoint one batch ahead of its step) or abandons a validation half-way (a row a resume never repeats);
 and under DDP it broadcasts from inside the signal handler, where it meets the other rank in the middle of a
@@ -51,6 +51,8 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
+
+from pe_geometry.training.lightning_compat import cluster_environment, restore_after_fit, set_stop_flag
 
 log = logging.getLogger(__name__)
 # SIGUSR1/2 do not exist on Windows
@@ -113,27 +115,11 @@ def _ignore_from_now_on() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-# -- the one place that touches Lightning's private state ---------------------------------------------------
-# Checked against Lightning 2.6.0 and 2.6.6 (pyproject.toml allows >=2.6,<2.7). There is no public way to ask
-# Lightning for its SIGTERM stop: ``trainer.received_sigterm`` is read-only, and ``trainer.should_stop`` ends the
-# run as finished, with a validation and final measurements at that step, rows the uninterrupted run has not.
-# Nor to reach a single-device run's cluster environment: ``trainer.strategy.cluster_environment`` exists for
-# DDP-like strategies only, while Lightning's signal setup reads the accelerator connector's. Nor to choose the
-# handlers its teardown puts back (``_restore_after_fit``; checked against 2.6.6).
-def _set_lightning_stop_flag(trainer: L.Trainer, stop: bool) -> None:
-    """While set, Lightning raises ``SIGTERMException`` at the end of the current training batch and after each
-    validation batch but the last (``trainer.received_sigterm`` reads it)."""
-    trainer._signal_connector.received_sigterm = stop
-
-
-def _cluster_environment(trainer: L.Trainer):
-    """The environment whose ``auto_requeue`` Lightning reads when it installs its signal handlers."""
-    return trainer._accelerator_connector.cluster_environment
-
-
-def _restore_after_fit(trainer: L.Trainer, signum: int, handler) -> None:
-    """The handler Lightning's teardown puts back for ``signum`` (it saved the one installed before fit)."""
-    trainer._signal_connector._original_handlers[signum] = handler
+# Lightning's private state, reached through ``training.lightning_compat``: there is no public way to ask Lightning for
+# its SIGTERM stop (``trainer.received_sigterm`` is read-only, and ``trainer.should_stop`` ends the run as finished, with
+# a validation and final measurements at that step, rows the uninterrupted run has not), nor to reach a single-device
+# run's cluster environment (``trainer.strategy.cluster_environment`` exists for DDP-like strategies only, while
+# Lightning's signal setup reads the accelerator connector's), nor to choose the handlers its teardown puts back.
 
 
 class GracefulStop(L.Callback):
@@ -146,7 +132,7 @@ class GracefulStop(L.Callback):
     # -- the handlers ------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Lightning installs its handlers after the callbacks' setup: here it still reads this switch.
-        environment = _cluster_environment(trainer)
+        environment = cluster_environment(trainer)
         if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
             environment.auto_requeue = False
             log.info("SLURM: Lightning's auto-requeue is off; SIGUSR1/SIGUSR2 stop the run after the current step "
@@ -174,7 +160,7 @@ class GracefulStop(L.Callback):
         # handlers from before fit: Python's default for SIGTERM, which would kill the finished run. Put back ours.
         if _ignore_once_finished:
             for signum in STOP_SIGNALS:
-                _restore_after_fit(trainer, signum, _log_finished)
+                restore_after_fit(trainer, signum, _log_finished)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning calls this only when fit ended normally, after its teardown has put back the handlers that
@@ -210,11 +196,11 @@ class GracefulStop(L.Callback):
         # Lightning abandons a validation when it sees the stop flag; that row would then be lost for
         # good (a resume does not repeat it), so the flag waits until the validation has finished.
         if self._stopping:
-            _set_lightning_stop_flag(trainer, False)
+            set_stop_flag(trainer, False)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._stopping:
-            _set_lightning_stop_flag(trainer, True)
+            set_stop_flag(trainer, True)
         elif self._at_step_end and trainer.state.fn == "fit" and not trainer.sanity_checking:
             # A signal during validation: stop before the next step. Not when the validation fell between
             # the micro-batches of a step (val_check_interval counts batches): that step is finished first,
@@ -231,7 +217,7 @@ class GracefulStop(L.Callback):
             return
         _received, self._stopping = signum, True
         log.warning("interrupted at step %d by %s", trainer.global_step, signal.Signals(signum).name)
-        _set_lightning_stop_flag(trainer, True)  # Lightning raises SIGTERMException at the step's end
+        set_stop_flag(trainer, True)  # Lightning raises SIGTERMException at the step's end
 
     def _agreed_signal(self, trainer: L.Trainer) -> int:
         """The largest signal number any rank has received (0: none). A collective: every rank calls it at the same point."""

@@ -10,10 +10,11 @@ beside adamw.yaml that names it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import torch
+from annotated_types import Ge, Gt, Interval
 
 from pe_geometry.model.embedding import TokenEmbedding
 from pe_geometry.model.positional import PositionalEncoding
@@ -70,14 +71,15 @@ def width_scaled_groups(groups: list[dict[str, Any]], model: torch.nn.Module, lr
 def adamw_warmup_cosine(
     model: torch.nn.Module,
     max_steps: int,
-    lr: float = 1e-3,
-    weight_decay: float = 0.1,
-    betas: Sequence[float] = (0.9, 0.95),
-    warmup_steps: int = 100,
-    min_lr_ratio: float = 0.1,
+    lr: Annotated[float, Gt(0)] = 1e-3,
+    weight_decay: Annotated[float, Ge(0)] = 0.1,
+    betas: Annotated[tuple[Annotated[float, Interval(ge=0, lt=1)], Annotated[float, Interval(ge=0, lt=1)]],
+                     "a pair of numbers in [0, 1), e.g. [0.9,0.95]"] = (0.9, 0.95),
+    warmup_steps: Annotated[int, Ge(0)] = 100,
+    min_lr_ratio: Annotated[float, Interval(ge=0, le=1), "of optimizer.lr"] = 0.1,
     no_decay_embeddings: bool = False,
-    fused: bool = False,
-    lr_base_width: int | None = None,
+    fused: bool = False,  # torch's fused AdamW kernel (trainer=gpu sets it)
+    lr_base_width: Annotated[int | None, Ge(1), "the d_model optimizer.lr is meant for"] = None,
 ) -> dict[str, Any]:
     """AdamW on ``weight_decay_groups``, its LR warmed up linearly over ``warmup_steps`` then decayed along a
     cosine to ``min_lr_ratio * lr`` at ``max_steps``, stepped every optimiser step.

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
 import platform
-import shlex
 import subprocess
 import warnings
 from contextlib import ExitStack
@@ -25,16 +23,16 @@ from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
 from lightning.pytorch.utilities import rank_zero  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 
-from pe_geometry.data.cache import atomic_write_text  # noqa: E402
 from pe_geometry.extras import without_unavailable_loggers  # noqa: E402
+from pe_geometry.files import atomic_write_text  # noqa: E402
 from pe_geometry.training import interrupt, wandb_run  # noqa: E402
 from pe_geometry.training.callbacks import AtomicCheckpointIO, StepCheckpoint, remove_partial_writes  # noqa: E402
 from pe_geometry.training.interrupt import GracefulStop  # noqa: E402
-from pe_geometry.training.names import hydra_value  # noqa: E402
+from pe_geometry.training.lightning_compat import drop_wandb_init_argument  # noqa: E402
 from pe_geometry.training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
-from pe_geometry.training.run_config import RunConfigInCheckpoint, apply_resume_config, saved_run_config  # noqa: E402
-from pe_geometry.training.run_folder import adopt_staged_output, check_not_in_use, claim_run_folder  # noqa: E402
-from pe_geometry.training.run_loader import build_datamodule, build_model, read_checkpoint_file  # noqa: E402
+from pe_geometry.training.resume import RunConfigInCheckpoint, prepare_resume  # noqa: E402
+from pe_geometry.training.run_folder import adopt_staged_output, claim_run_folder  # noqa: E402
+from pe_geometry.training.run_loader import accepted_kwargs, build_datamodule, build_model  # noqa: E402
 from pe_geometry.training.summary import run_summary  # noqa: E402
 from pe_geometry.training.task import LanguageModelTask  # noqa: E402
 from pe_geometry.training.validate import ConfigError, check_config  # noqa: E402
@@ -70,48 +68,8 @@ PACKAGES = ("torch", "lightning", "hydra-core", "datasets", "tokenizers", "wandb
 
 def _instantiate_all(group: DictConfig | None, **extra) -> list:
     """Instantiate each ``_target_`` node of a group; ``extra`` kwargs go to the nodes that declare them."""
-    objects = []
-    for node in (group or {}).values():
-        if node is None or "_target_" not in node:
-            continue
-        wanted = inspect.signature(get_class(node._target_)).parameters
-        objects.append(instantiate(node, **{k: v for k, v in extra.items() if k in wanted}))
-    return objects
-
-
-def resolve_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | None, Path, int | None]:
-    path, run_dir, step, _ = read_checkpoint(ckpt_path, output_dir)
-    return path, run_dir, step
-
-
-def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | None, Path, int | None, dict | None]:
-    """Where to resume from, which run directory to continue, and at which step.
-
-    ``ckpt_path=last`` means this run directory's ``checkpoints/last.ckpt``; ``ckpt_path=auto`` the same when it
-    exists, else a new run (what continues a stopped sweep: every job resumes, or starts if it never had). A
-    checkpoint inside ``<run>/checkpoints/`` continues that run's directory, so its
-    CSV series and later checkpoints stay in one place. The file is read once here,
-    so a truncated or foreign file is one clear error instead of a traceback mid-setup.
-    A new run (``ckpt_path=null``) into a directory that already holds a run's ``last.ckpt`` is refused: it would
-    overwrite that run's checkpoints and logs (a sweep started again with its ``hydra.sweep.dir``).
-    """
-    last = output_dir / "checkpoints" / "last.ckpt"
-    if str(ckpt_path) == "auto":
-        ckpt_path = "last" if last.is_file() else None
-    if ckpt_path is None:
-        if last.is_file():
-            check_not_in_use(output_dir)  # a run still writing there: say so, rather than offer to continue it
-            raise ConfigError(f"{output_dir} already holds a run (checkpoints/last.ckpt): a new run there would overwrite "
-                              "it; continue it with ckpt_path=last (a sweep: ckpt_path=auto, which also starts the jobs "
-                              "that never ran), or give the new run another folder")
-        return None, output_dir, None, None
-    path = last if str(ckpt_path) == "last" else Path(to_absolute_path(str(ckpt_path))).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"ckpt_path={ckpt_path}: no checkpoint file at {path}")
-    state = read_checkpoint_file(path, required=("global_step", "state_dict", "optimizer_states"))  # what a resume restores
-    step = int(state["global_step"])
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else output_dir
-    return path, run_dir, step, state
+    return [instantiate(node, **accepted_kwargs(node._target_, **extra))
+            for node in (group or {}).values() if node is not None and "_target_" in node]
 
 
 def _git_commit() -> str | None:
@@ -218,7 +176,7 @@ def build_loggers(cfg: DictConfig, run_config: dict, output_dir: Path, resume_st
         if node is None or "_target_" not in node:
             continue
         cls = get_class(node._target_)
-        extra = {"resume_step": resume_step} if "resume_step" in inspect.signature(cls).parameters else {}
+        extra = accepted_kwargs(node._target_, resume_step=resume_step)
         if issubclass(cls, wandb_run.WandbLoggerClass()):
             extra = wandb_run.wandb_init_kwargs(run_config, output_dir, wandb_run.job_type(choices), wandb_id, resume_step, choices)
             extra["tags"] = [*map(str, node.get("tags") or []), *(cfg[g]._target_.rsplit(".", 1)[-1] for g in ("model", "pe"))]
@@ -228,7 +186,7 @@ def build_loggers(cfg: DictConfig, run_config: dict, output_dir: Path, resume_st
         logger = instantiate(node, _partial_=True)(**extra)
         if "job_type" in extra:
             # WandbLogger always passes `anonymous` (None by default), which this wandb deprecates with a warning
-            logger._wandb_init.pop("anonymous", None)
+            drop_wandb_init_argument(logger, "anonymous")
         loggers.append(logger)
     for logger in loggers:
         if not wandb_run.wandb_loggers([logger]):
@@ -258,12 +216,6 @@ def check_batch_fits(cfg: DictConfig, datamodule) -> None:
                           f"of data.seq_len={cfg.data.seq_len} tokens; valid: 1 to {blocks}")
 
 
-def resume_command(cfg: DictConfig) -> str:
-    """The override that continues this run from its last checkpoint, ``ckpt_path=<run>/checkpoints/last.ckpt``,
-    quoted for Hydra and then for the shell, so that it runs as printed wherever the run folder is."""
-    return shlex.quote(f"ckpt_path={hydra_value(str(Path(cfg.paths.output_dir) / 'checkpoints' / 'last.ckpt'))}")
-
-
 def train(cfg: DictConfig) -> dict[str, float]:
     """Check the config, build data/model/trainer, fit; returns the final logged metrics.
 
@@ -281,24 +233,10 @@ def _train(cfg: DictConfig, run_folder_lock: ExitStack) -> dict[str, float]:
     overrides, choices = _hydra_task_overrides()
     as_given = OmegaConf.to_container(cfg, resolve=False)  # before paths are made absolute: a resume keeps what derives from what
     absolute_input_paths(cfg)
-    ckpt_path, output_dir, resume_step, state = read_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir))
-    resume_changes: dict[str, tuple] = {}
+    start = prepare_resume(cfg, overrides, choices, as_given)  # the checkpoint's config, checked: cfg is now the run's
+    ckpt_path, output_dir, resume_step, resume_changes, choices = start.checkpoint, start.run_dir, start.step, start.changes, start.choices
     if ckpt_path is not None:
-        saved = saved_run_config(state, ckpt_path)
-        if saved is None:
-            log.warning("%s carries no run config: resuming with the config as given, unchecked", ckpt_path)
-        else:
-            saved_choices = state.get("group_choices")
-            resume_changes = apply_resume_config(cfg, saved, overrides, ckpt_path, output_dir, as_given, saved_choices)
-            absolute_input_paths(cfg)  # what the command line set, relative to where it was typed
-            # the run's choices, with those the command line changed (a resumed rope run stays pe=rope)
-            given = {o.partition("=")[0]: o.partition("=")[2] for o in overrides if "=" in o and not o.startswith(("~", "+", "hydra"))}
-            choices = {**(saved_choices or choices), **{k: v for k, v in given.items() if k in choices}}
-        log.info("resuming %s at step %d: continuing in %s", ckpt_path, resume_step, output_dir)
-        with open_dict(cfg):
-            cfg.paths.output_dir = str(output_dir)  # checkpoints and logs continue in the original run
-    wandb_id = (state or {}).get("wandb_run_id")
-    del state
+        absolute_input_paths(cfg)  # what the command line set, relative to where it was typed
     check_config(cfg)
     check_writable(output_dir)
     first_process = all(int(os.environ.get(k, 0)) == 0 for k in ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID"))
@@ -320,7 +258,7 @@ def _train(cfg: DictConfig, run_folder_lock: ExitStack) -> dict[str, float]:
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
     run_choices = choices
-    loggers = build_loggers(cfg, run_config, output_dir, resume_step, wandb_id, choices)
+    loggers = build_loggers(cfg, run_config, output_dir, resume_step, start.wandb_id, choices)
     exit_code = 1
     try:
         trainer: L.Trainer = instantiate(

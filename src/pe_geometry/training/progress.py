@@ -19,8 +19,10 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Annotated
 
 import lightning as L
+from annotated_types import Ge
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from tqdm import tqdm
 
@@ -38,7 +40,7 @@ def format_duration(seconds: float) -> str:
 class StepProgress(ProgressBar):
     """Whole-run progress in optimiser steps: a bar on a terminal, log lines elsewhere."""
 
-    def __init__(self, log_every_n_steps: int = 50, force_lines: bool | None = None) -> None:
+    def __init__(self, log_every_n_steps: Annotated[int, Ge(1)] = 50, force_lines: bool | None = None) -> None:
         super().__init__()
         if log_every_n_steps <= 0:
             raise ValueError(f"callbacks.progress_bar.log_every_n_steps={log_every_n_steps} must be positive")

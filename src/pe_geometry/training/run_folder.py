@@ -103,10 +103,6 @@ def stage_resume(argv: list[str]) -> list[str]:
     return [*argv, *extra, f"hydra.run.dir={_staging}"]
 
 
-def is_staged(output_dir: Path) -> bool:
-    return _staging is not None and Path(output_dir).resolve() == _staging.resolve()
-
-
 def adopt_staged_output(run_dir: Path, step: int) -> None:
     """Move the staged ``.hydra/`` into the run and continue its ``train.log`` (after the resume's checks passed)."""
     global _staging

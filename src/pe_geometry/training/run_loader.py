@@ -7,10 +7,8 @@ which rebuilds them the same way from the run's resolved config and loads the ch
     run = load_trained_run("outputs/<day>/<run>")      # or the checkpoint file itself
     run.model, run.tokenizer, run.config, run.step
 
-The config is the one stored in the checkpoint (``run_config``), else the ``config.yaml`` of the run folder
-the checkpoint sits in. Configs written before the package was namespaced still load (their ``_target_``s
-say ``model.RotaryPE``), and a relative ``data.cache_dir`` resolves against the working directory, as it
-did for the run. Every problem is one ``RunLoadError`` line naming the file.
+The config is the one stored in the checkpoint (``run_config``; ``training.resume`` finds the checkpoint and reads it,
+as a resume does). Every problem is one ``RunLoadError`` line naming the file.
 """
 
 from __future__ import annotations
@@ -25,22 +23,24 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from pe_geometry.configs import with_current_targets
 from pe_geometry.model.transformer import LanguageModel
+from pe_geometry.training.resume import RunLoadError, find_checkpoint, read_checkpoint_file, saved_config
 from pe_geometry.training.validate import ConfigError
 
-LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 WEIGHTS_PREFIX = "model."  # LanguageModelTask keeps the network as ``self.model``
 # Data settings that change how batches are served, not which tokens or tokenizer: runs differing only
 # in these share one rebuilt datamodule.
 SERVING_KEYS = ("seed", "batch_size", "num_workers")
 
 
-class RunLoadError(ConfigError):
-    """A run or checkpoint that cannot be loaded; the message is one line naming the file and why."""
-
-
 # -- building from a config --------------------------------------------------------------------------
+def accepted_kwargs(target: str, **candidates: Any) -> dict[str, Any]:
+    """Those of ``candidates`` that the class (or function) a ``_target_`` names declares as parameters: facts only
+    the run knows (the vocabulary, a resume's step), passed to the components that ask for them."""
+    wanted = inspect.signature(get_class(str(target))).parameters
+    return {k: v for k, v in candidates.items() if k in wanted}
+
+
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
     """``instantiate(cfg.data)``, then ``prepare_data()`` and ``setup("fit")``: token streams ready to read."""
     datamodule = instantiate(cfg.data)
@@ -53,52 +53,16 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
 
 def build_model(cfg: DictConfig, datamodule: Any) -> LanguageModel:
     """Instantiate the model from its group configs plus the facts only the data knows (vocabulary, mask id)."""
-    facts = {"vocab_size": datamodule.vocab_size, "mask_token_id": datamodule.mask_token_id}
-    wanted = inspect.signature(get_class(cfg.model._target_)).parameters
     return instantiate(
         cfg.model,
         pe=instantiate(cfg.pe),
         embedding=instantiate(cfg.embedding),
         attention=instantiate(cfg.attention),
-        **{k: v for k, v in facts.items() if k in wanted},
+        **accepted_kwargs(cfg.model._target_, vocab_size=datamodule.vocab_size, mask_token_id=datamodule.mask_token_id),
     )
 
 
 # -- reading a saved run -----------------------------------------------------------------------------
-def read_checkpoint_file(path: Path, required: tuple[str, ...] = ("state_dict",)) -> dict:
-    """The checkpoint at ``path`` (on the CPU), read once; a truncated or foreign file, or one without the
-    ``required`` entries, is one error line instead of a traceback from deep inside torch."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # ours carry numpy RNG states
-        for key in required:
-            checkpoint[key]  # noqa: B018 - raises KeyError when missing
-    except Exception as err:
-        raise RunLoadError(f"ckpt_path={path} is not a readable Lightning checkpoint ({type(err).__name__}: {err})") from None
-    return checkpoint
-
-
-
-
-def saved_config(checkpoint: dict, ckpt_path: Path) -> DictConfig:
-    """The run's resolved config: the checkpoint's ``run_config``, else ``<run>/config.yaml`` beside ``checkpoints/``.
-
-    ``_target_``s are spelled as this version does, and a relative ``data.cache_dir`` (older runs) is made
-    absolute against the working directory: the runs were started with ``hydra.job.chdir=false``.
-    """
-    stored = checkpoint.get("run_config")
-    if stored is None:
-        config_file = ckpt_path.parent.parent / "config.yaml"
-        if not config_file.is_file():
-            raise RunLoadError(f"ckpt_path={ckpt_path}: the checkpoint has no run_config and there is no {config_file}")
-        stored = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
-    cfg = OmegaConf.create(with_current_targets(OmegaConf.to_container(OmegaConf.create(stored), resolve=True)))
-    cache_dir = cfg.get("data", {}).get("cache_dir")
-    if cache_dir is not None and not Path(cache_dir).is_absolute():
-        with open_dict(cfg):
-            cfg.data.cache_dir = str(Path(cache_dir).absolute())
-    return cfg
-
-
 def load_weights(model: LanguageModel, checkpoint: dict, ckpt_path: Path) -> None:
     """The network's weights from a LanguageModelTask checkpoint into ``model`` (every key must match)."""
     weights = {k.removeprefix(WEIGHTS_PREFIX): v for k, v in checkpoint["state_dict"].items() if k.startswith(WEIGHTS_PREFIX)}
@@ -106,19 +70,6 @@ def load_weights(model: LanguageModel, checkpoint: dict, ckpt_path: Path) -> Non
     if head is not None and head.shape[0] != model.vocab_size:  # a cache rebuilt with another tokenizer
         raise RunLoadError(f"{ckpt_path}: the rebuilt tokenizer has {model.vocab_size} tokens, the run had {head.shape[0]}")
     model.load_state_dict(weights)
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file as given, or a run folder's ``checkpoints/last.ckpt``."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        ckpt = path / LAST_CHECKPOINT
-        if not ckpt.is_file():
-            raise RunLoadError(f"{path}: no checkpoint {ckpt}")
-        return ckpt
-    if not path.is_file():
-        raise RunLoadError(f"ckpt_path={path}: no checkpoint file there")
-    return path
 
 
 def data_key(cfg: DictConfig) -> str:
@@ -146,17 +97,14 @@ def apply_pe_overrides(cfg: DictConfig, overrides: dict[str, Any] | None, ckpt_p
     """Set the run's ``pe`` keys named in ``overrides`` (None values: as trained), e.g. RoPE scaled at inference
     (``{"scaling": "yarn", "scaling_factor": 4}``): settings that change no weight, so the checkpoint still loads.
 
-    A run trained before ``pe.training_length`` existed gets its ``data.seq_len``. Keys and values are checked as a
-    training config's are (``pe.scaling`` on a learned table is refused, naming the valid keys)."""
+    Keys and values are checked as a training config's are (``pe.scaling`` on a learned table is refused, naming the
+    valid keys)."""
     from pe_geometry.training.schema import check_node
 
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if not given:
         return
     node = {**OmegaConf.to_container(cfg.pe, resolve=True), **given}
-    accepted = inspect.signature(get_class(str(node["_target_"]))).parameters
-    if "training_length" in accepted and node.get("training_length") is None:
-        node["training_length"] = int(cfg.data.seq_len)
     problems, _ = check_node("pe", node)
     if problems:
         raise RunLoadError(f"{ckpt_path}: " + "; ".join(line for _, line in problems))
@@ -181,7 +129,10 @@ def load_trained_run(path: str | Path, device: str | torch.device = "cpu",
     """
     ckpt = find_checkpoint(path)
     checkpoint = read_checkpoint_file(ckpt)
-    cfg = saved_config(checkpoint, ckpt)
+    saved = saved_config(checkpoint)
+    if saved is None:
+        raise RunLoadError(f"ckpt_path={ckpt}: the checkpoint has no run_config (it was not written by pe-train)")
+    cfg = OmegaConf.create(saved)
     apply_pe_overrides(cfg, pe_overrides, ckpt)
     if datamodules is None:
         datamodule = build_datamodule(cfg)

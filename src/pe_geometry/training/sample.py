@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+from typing import Annotated, Literal
 
 import lightning as L
 import torch
+from annotated_types import Ge, Interval
 from lightning.pytorch.utilities import rank_zero_only
 
 from pe_geometry.model import EncoderMLM
 from pe_geometry.model.sampling import fill_masks, generate, prompt_ids
+from pe_geometry.signatures import MAX_SEED
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +30,13 @@ class SampleTextCallback(L.Callback):
     def __init__(
         self,
         prompt: str = "ROMEO:\n",
-        max_new_tokens: int = 48,
-        temperature: float = 0.8,
-        top_k: int | None = 40,
-        top_p: float | None = 0.95,
-        blank_every: int = 6,
-        seed: int = 0,
-        context: str = "train",
+        max_new_tokens: Annotated[int, Ge(0), "0: no sample"] = 48,
+        temperature: Annotated[float, Ge(0), "0: greedy"] = 0.8,
+        top_k: Annotated[int | None, Ge(0), "0 or null: off"] = 40,
+        top_p: Annotated[float | None, Interval(gt=0, le=1), "1 or null: off"] = 0.95,
+        blank_every: Annotated[int, Ge(1)] = 6,
+        seed: Annotated[int, Interval(ge=0, le=MAX_SEED)] = 0,
+        context: Literal["train", "full"] = "train",
     ) -> None:
         if context not in ("train", "full"):
             raise ValueError(f"callbacks.sample.context={context!r}; valid: ['train', 'full']")

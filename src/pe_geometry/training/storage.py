@@ -1,6 +1,6 @@
 """A full or read-only disk, reported as one line instead of a traceback.
 
-Our own writers (``data.cache``: checkpoints, ``metrics.csv``, the token cache) raise ``StorageError``
+Our own writers (``pe_geometry.files``: checkpoints, ``metrics.csv``, the token cache) raise ``StorageError``
 naming the file. ``storage_failure`` also finds the raw ``OSError`` of a write we do not own (Lightning's
 ``hparams.yaml``, say), however deep it sits in the exception chain; ``quiet_log_file_errors`` keeps a
 log file on that disk from printing logging's traceback for every record.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pe_geometry.data.cache import STORAGE_ERRNOS, StorageError, describe_errno
+from pe_geometry.files import STORAGE_ERRNOS, StorageError, describe_errno
 
 __all__ = ["StorageError", "quiet_log_file_errors", "storage_failure"]
 

@@ -56,7 +56,7 @@ from pe_geometry.analysis.runs import (
     stats,
 )
 from pe_geometry.analysis.verdict import CHECKPOINTS, checkpoint_at, correct_report, group_verdict, verdict_file
-from pe_geometry.data.cache import atomic_write_text
+from pe_geometry.files import atomic_write_text
 
 log = logging.getLogger("report")
 MULTIPLIERS, MAX_BATCHES = (1, 2, 4), 8  # pe-report's defaults: its command line in the report names only other values

@@ -1,48 +1,144 @@
-"""The run's resolved config travels inside every checkpoint, and a resume is checked against it.
+"""Resume, in one place: which checkpoint, the config it carries, and the config a resume trains with.
 
-A resume trains with the checkpoint's ``run_config``, every key of it, except what the command line sets
-explicitly: ``python train.py ckpt_path=<run>/checkpoints/last.ckpt`` continues the run as it was configured
-(its model and PE, but also its ``trainer.max_steps``, cadences and loggers), whatever the defaults say.
-An override that contradicts the checkpoint on a setting that defines what is trained (``FIXED_ON_RESUME``)
-is one error naming every differing key, raised before anything in the run directory is written. Other
-overrides (``trainer.max_steps=2000``, a logger, a cadence, devices) apply; the changes are recorded in
-``config-resume-step<N>.yaml``.
+Every checkpoint carries the run's resolved config (``run_config``, put there by ``RunConfigInCheckpoint``). A resume
+trains with it, every key of it, except what the command line sets explicitly: ``python train.py
+ckpt_path=<run>/checkpoints/last.ckpt`` continues the run as it was configured (its model and PE, but also its
+``trainer.max_steps``, cadences and loggers), whatever the defaults say. An override that contradicts the checkpoint on
+a setting that defines what is trained (``FIXED_ON_RESUME``) is one error naming every differing key, raised before
+anything in the run directory is written. Other overrides (``trainer.max_steps=2000``, a logger, a cadence, devices)
+apply; the changes are recorded in ``config-resume-step<N>.yaml``.
+
+- ``find_checkpoint``: the file a ``ckpt_path`` names (``last``, a run folder, a file), for a resume and for every
+  reader of a finished run (``run_loader.load_trained_run``); ``read_checkpoint_file`` reads it once;
+- ``saved_config``: the config the checkpoint carries;
+- ``prepare_resume``: what ``pipeline.train`` calls: the checkpoint, the run folder it continues, and ``cfg`` made the
+  resumed config (``apply_resume_config``: ``overridden_keys``, ``contradictions``, ``resumed_config``);
+- ``resume_command``: the override that continues a run, as printed when it stops.
+
+Where a resume logs (Hydra's staging folder, the run folder's lock) is ``run_folder``'s.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+import shlex
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pe_geometry.configs import CONFIG_DIR as CONFIG_GROUPS_DIR
-from pe_geometry.configs import with_current_targets
+from pe_geometry.training.names import hydra_value
+from pe_geometry.training.run_folder import check_not_in_use
 from pe_geometry.training.validate import ConfigError
 
+log = logging.getLogger(__name__)
+
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"  # a run folder's last checkpoint
 # Settings that define what is being trained: a resume takes them from the checkpoint.
 FIXED_ON_RESUME = (
     "model", "pe", "embedding", "attention", "data", "optimizer", "seed", "run_name",
     "trainer.precision", "trainer.accumulate_grad_batches", "trainer.gradient_clip_val",
 )
-_ABSENT = object()  # a key a config does not have
 # ...except these, which say where or how fast, not what.
 FREE_WITHIN_FIXED = ("data.num_workers", "data.cache_dir")
+GLOBAL_GROUPS = ("experiment", "control")  # groups whose options write anywhere in the config (@package _global_)
+COLLECTIONS = ("logger", "callbacks")  # groups whose members are the choice itself: a member the run had not is not added
+_ABSENT = object()  # a key a config does not have
 
 
+class RunLoadError(ConfigError):
+    """A run or checkpoint that cannot be loaded; the message is one line naming the file and why."""
+
+
+# -- the checkpoint --------------------------------------------------------------------------------------------------
+def find_checkpoint(given: str | Path, run_dir: Path | None = None) -> Path:
+    """The checkpoint file ``given`` names. For a resume (``run_dir``: the folder the run writes in) ``last`` is that
+    folder's ``checkpoints/last.ckpt`` and anything else a file, relative to where the command was typed; for a reader
+    of a finished run (no ``run_dir``) a run folder stands for its ``checkpoints/last.ckpt``. RunLoadError (a
+    ConfigError) when there is no such file."""
+    if run_dir is not None:
+        path = run_dir / LAST_CHECKPOINT if str(given) == "last" else Path(to_absolute_path(str(given))).expanduser()
+        where = f"at {path}"
+    else:
+        path, where = Path(given).expanduser(), "there"
+        if path.is_dir():
+            if not (path / LAST_CHECKPOINT).is_file():
+                raise RunLoadError(f"{path}: no checkpoint {path / LAST_CHECKPOINT}")
+            return path / LAST_CHECKPOINT
+    if not path.is_file():
+        raise RunLoadError(f"ckpt_path={given if run_dir is not None else path}: no checkpoint file {where}")
+    return path
+
+
+def run_folder_of(checkpoint: Path, default: Path) -> Path:
+    """The run a checkpoint belongs to: ``<run>`` for ``<run>/checkpoints/*.ckpt``; else ``default``."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else default
+
+
+def read_checkpoint_file(path: Path, required: tuple[str, ...] = ("state_dict",)) -> dict:
+    """The checkpoint at ``path`` (on the CPU), read once; a truncated or foreign file, or one without the
+    ``required`` entries, is one error line instead of a traceback from deep inside torch."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # ours carry numpy RNG states
+        for key in required:
+            checkpoint[key]  # noqa: B018 - raises KeyError when missing
+    except Exception as err:
+        raise RunLoadError(f"ckpt_path={path} is not a readable Lightning checkpoint ({type(err).__name__}: {err})") from None
+    return checkpoint
+
+
+def saved_config(checkpoint: dict) -> dict[str, Any] | None:
+    """The run's resolved config as the checkpoint carries it (``run_config``); None for a checkpoint pe-train did not
+    write."""
+    stored = checkpoint.get("run_config")
+    return stored if isinstance(stored, dict) else None
+
+
+def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | None, Path, int | None, dict | None]:
+    """Where to resume from, which run directory to continue, at which step, and the checkpoint read.
+
+    ``ckpt_path=last`` means this run directory's ``checkpoints/last.ckpt``; ``ckpt_path=auto`` the same when it
+    exists, else a new run (what continues a stopped sweep: every job resumes, or starts if it never had). A
+    checkpoint inside ``<run>/checkpoints/`` continues that run's directory, so its CSV series and later checkpoints
+    stay in one place. The file is read once here, so a truncated or foreign file is one clear error instead of a
+    traceback mid-setup. A new run (``ckpt_path=null``) into a directory that already holds a run's ``last.ckpt`` is
+    refused: it would overwrite that run's checkpoints and logs (a sweep started again with its ``hydra.sweep.dir``).
+    """
+    last = output_dir / LAST_CHECKPOINT
+    if str(ckpt_path) == "auto":
+        ckpt_path = "last" if last.is_file() else None
+    if ckpt_path is None:
+        if last.is_file():
+            check_not_in_use(output_dir)  # a run still writing there: say so, rather than offer to continue it
+            raise ConfigError(f"{output_dir} already holds a run (checkpoints/last.ckpt): a new run there would overwrite "
+                              "it; continue it with ckpt_path=last (a sweep: ckpt_path=auto, which also starts the jobs "
+                              "that never ran), or give the new run another folder")
+        return None, output_dir, None, None
+    path = find_checkpoint(ckpt_path, output_dir)
+    state = read_checkpoint_file(path, required=("global_step", "state_dict", "optimizer_states"))  # what a resume restores
+    return path, run_folder_of(path, output_dir), int(state["global_step"]), state
+
+
+# -- what the command line sets, and what it may not change -----------------------------------------------------------
 def is_fixed_on_resume(key: str) -> bool:
     """``model.d_model`` -> True, ``trainer.max_steps`` -> False (dotted config keys)."""
-    def under(prefixes: Iterable[str]) -> bool:
-        return any(key == p or key.startswith(p + ".") for p in prefixes)
+    return _under(key, FIXED_ON_RESUME) and not _under(key, FREE_WITHIN_FIXED)
 
-    return under(FIXED_ON_RESUME) and not under(FREE_WITHIN_FIXED)
+
+def _under(key: str, prefixes: Iterable[str]) -> bool:
+    """``key`` is one of ``prefixes`` or inside one (``model.d_model`` is under ``model``)."""
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> ``{"model.d_model": 64, ...}``; lists stay values."""
+    """Nested dicts -> ``{"model.d_model": 64, ...}``; lists stay values. (OmegaConf has no flattening.)"""
     if isinstance(node, dict) and node:
         out: dict[str, Any] = {}
         for key, value in node.items():
@@ -70,9 +166,6 @@ def _global_group_keys(group: str, option: str, seen: frozenset[str] = frozenset
                     keys.add(name.replace("/", "."))
     node.pop("hydra", None)
     return keys | set(flatten(node))
-
-
-GLOBAL_GROUPS = ("experiment", "control")  # groups whose options write anywhere in the config (@package _global_)
 
 
 def _composed(overrides: list[str]) -> dict:
@@ -168,7 +261,7 @@ def contradictions(current: dict[str, Any], saved: dict[str, Any], overridden: s
         now, before = flat_now.get(key, _ABSENT), flat_saved.get(key, _ABSENT)
         if not is_fixed_on_resume(key) or now == before or (_scalar(now) and _scalar(before) and str(now) == str(before)):
             continue  # ("16" in the checkpoint and 16 typed now: the same precision)
-        if any(key == o or key.startswith(o + ".") for o in overridden):
+        if _under(key, overridden):
             out[key] = (flat_saved.get(key, "<absent>"), flat_now.get(key, "<absent>"))
     return out
 
@@ -177,41 +270,20 @@ def _scalar(value: Any) -> bool:
     return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
-def saved_run_config(checkpoint: dict, ckpt_path: Path) -> dict[str, Any] | None:
-    """The checkpoint's ``run_config``, else its run directory's ``config.yaml`` (older checkpoints)."""
-    if isinstance(checkpoint.get("run_config"), dict):
-        return checkpoint["run_config"]
-    legacy = ckpt_path.parent.parent / "config.yaml"
-    if ckpt_path.parent.name == "checkpoints" and legacy.is_file():
-        return OmegaConf.to_container(OmegaConf.load(legacy), resolve=True)
-    return None
+# -- the resumed config ----------------------------------------------------------------------------------------------
+def _as_written(cfg: DictConfig, key: str) -> Any:
+    """The value at a dotted key as written (``${seed}`` stays ``${seed}``: ``OmegaConf.select`` would resolve it), or
+    ``_ABSENT``."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, throw_on_resolution_failure=False) if parent else cfg
+    return OmegaConf.to_container(node, resolve=False).get(leaf, _ABSENT) if OmegaConf.is_dict(node) else _ABSENT
 
 
-def _get(tree: dict, key: str, missing: Any = None) -> Any:
-    node: Any = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return missing
-        node = node[part]
-    return node
-
-
-def _set(tree: dict, key: str, value: Any) -> None:
-    *parents, leaf = key.split(".")
-    node = tree
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
-
-
-def _delete(tree: dict, key: str) -> None:
-    *parents, leaf = key.split(".")
-    node = _get(tree, ".".join(parents)) if parents else tree
-    if isinstance(node, dict):
+def _delete(cfg: DictConfig, key: str) -> None:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, throw_on_resolution_failure=False) if parent else cfg
+    if OmegaConf.is_dict(node):
         node.pop(leaf, None)
-
-
-COLLECTIONS = ("logger", "callbacks")  # groups whose members are the choice itself: a member the run had not is not added
 
 
 def _relocate(node: Any, old: str, new: str) -> Any:
@@ -238,18 +310,6 @@ def _fill_new_settings(run: dict, now: dict, path: str = "") -> None:
             _fill_new_settings(run[key], value, f"{path}.{key}" if path else key)
 
 
-def _derived_keys(raw: dict, prefix: str = "") -> list[str]:
-    """Keys whose composed value is an interpolation (``data.seed: ${seed}``, ``data.cache_dir: ${paths.cache_dir}/data``)."""
-    keys = []
-    for key, value in raw.items():
-        full = f"{prefix}{key}"
-        if isinstance(value, dict):
-            keys += _derived_keys(value, full + ".")
-        elif isinstance(value, str) and "${" in value:
-            keys.append(full)
-    return keys
-
-
 def resumed_config(current_raw: dict, saved: dict, overridden: set[str], run_dir: Path) -> dict:
     """The config a resume trains with: the checkpoint's, with what the command line set explicitly.
 
@@ -260,41 +320,42 @@ def resumed_config(current_raw: dict, saved: dict, overridden: set[str], run_dir
     - a key that was derived (``data.seed: ${seed}``) stays derived where it resolves to the checkpoint's
       value, so that overriding its source (``paths.cache_dir=...``) moves it too.
     """
-    merged = _relocate(copy.deepcopy(saved), str(_get(saved, "paths.output_dir") or ""), str(run_dir))
-    _set(merged, "paths.output_dir", str(run_dir))
-    derived = _still_derived(merged, current_raw)  # judged on the run's own values, before any override
+    now = OmegaConf.create(current_raw)
+    old_dir = str((saved.get("paths") or {}).get("output_dir") or "")
+    merged = OmegaConf.create(_relocate(copy.deepcopy(saved), old_dir, str(run_dir)))
+    OmegaConf.update(merged, "paths.output_dir", str(run_dir), merge=False)
+    derived = _still_derived(merged, now)  # judged on the run's own values, before any override
     for key in sorted(overridden, key=len):
-        value = _get(current_raw, key, _ABSENT)
+        value = _as_written(now, key)
         if value is _ABSENT:
             _delete(merged, key)
         else:
-            _set(merged, key, copy.deepcopy(value))
+            OmegaConf.update(merged, key, value, merge=False)
     for key in derived:
-        if not any(key == o or key.startswith(o + ".") for o in overridden) and _get(merged, key, _ABSENT) is not _ABSENT:
-            _set(merged, key, _get(current_raw, key))
-    _fill_new_settings(merged, current_raw)
-    merged["ckpt_path"] = current_raw.get("ckpt_path")
-    return merged
+        if not _under(key, overridden) and _as_written(merged, key) is not _ABSENT:
+            OmegaConf.update(merged, key, _as_written(now, key), merge=False)
+    out = OmegaConf.to_container(merged, resolve=False)
+    _fill_new_settings(out, current_raw)
+    out["ckpt_path"] = current_raw.get("ckpt_path")
+    return out
 
 
-def _still_derived(run: dict, current_raw: dict) -> list[str]:
+def _still_derived(run: DictConfig, now: DictConfig) -> list[str]:
     """The keys that are interpolations now (``data.cache_dir: ${paths.cache_dir}/data``) and that, resolved
     against the run's own config, give the run's value: they were derived in the run too, so they stay derived."""
-    candidates = [k for k in _derived_keys(current_raw) if _get(run, k, _ABSENT) is not _ABSENT]
+    written = flatten(OmegaConf.to_container(now, resolve=False))
+    candidates = [k for k, v in written.items() if isinstance(v, str) and "${" in v and _as_written(run, k) is not _ABSENT]
     trial = copy.deepcopy(run)
     for key in candidates:
-        _set(trial, key, _get(current_raw, key))
-    resolved = OmegaConf.create(trial)
+        OmegaConf.update(trial, key, written[key], merge=False)
     derived = []
     for key in candidates:
         try:
-            if OmegaConf.select(resolved, key) == _get(run, key):
+            if OmegaConf.select(trial, key) == _as_written(run, key):
                 derived.append(key)
         except Exception:  # noqa: BLE001, S112 - an interpolation that cannot resolve here keeps the checkpoint's value
             continue
     return derived
-
-
 
 
 def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Iterable[str], ckpt_path: Path,
@@ -306,7 +367,6 @@ def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Itera
     Raises ConfigError listing every fixed key the overrides contradict, before ``cfg`` is touched.
     """
     run_dir = Path(run_dir if run_dir is not None else cfg.paths.output_dir)
-    saved = with_current_targets(saved)  # a checkpoint from before the namespaced package names model.RotaryPE
     overrides = list(overrides)
     overridden = overridden_keys(overrides)
     current = OmegaConf.to_container(cfg, resolve=True)
@@ -331,6 +391,48 @@ def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Itera
         for k in sorted(set(flat_now) | set(flat_saved))
         if flat_now.get(k, _ABSENT) != flat_saved.get(k, _ABSENT) and k not in ("ckpt_path", "paths.output_dir")
     }
+
+
+# -- what pipeline.train calls ---------------------------------------------------------------------------------------
+@dataclass
+class Resume:
+    """Where a run starts: ``checkpoint`` None for a new run."""
+
+    checkpoint: Path | None
+    run_dir: Path
+    step: int | None = None
+    changes: dict[str, tuple] = field(default_factory=dict)  # {key: (checkpoint's, now)}, for config-resume-step<N>.yaml
+    choices: dict[str, Any] = field(default_factory=dict)  # the run's group choices (pe=rope, control=...)
+    wandb_id: str | None = None
+
+
+def prepare_resume(cfg: DictConfig, overrides: list[str], choices: dict[str, Any], as_given: dict) -> Resume:
+    """Read ``cfg.ckpt_path`` and, for a resume, make ``cfg`` the checkpoint's config plus the command line's explicit
+    ``overrides`` (``as_given``: ``cfg`` unresolved, as composed), writing in the run folder it continues. Nothing is
+    written; every check that can refuse the resume runs here."""
+    ckpt_path, run_dir, step, state = read_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir))
+    if ckpt_path is None:
+        return Resume(None, run_dir, choices=choices)
+    changes: dict[str, tuple] = {}
+    saved = saved_config(state)
+    if saved is None:
+        log.warning("%s carries no run config: resuming with the config as given, unchecked", ckpt_path)
+    else:
+        saved_choices = state.get("group_choices")
+        changes = apply_resume_config(cfg, saved, overrides, ckpt_path, run_dir, as_given, saved_choices)
+        # the run's choices, with those the command line changed (a resumed rope run stays pe=rope)
+        given = {o.partition("=")[0]: o.partition("=")[2] for o in overrides if "=" in o and not o.startswith(("~", "+", "hydra"))}
+        choices = {**(saved_choices or choices), **{k: v for k, v in given.items() if k in choices}}
+    log.info("resuming %s at step %d: continuing in %s", ckpt_path, step, run_dir)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(run_dir)  # checkpoints and logs continue in the original run
+    return Resume(ckpt_path, run_dir, step, changes, choices, state.get("wandb_run_id"))
+
+
+def resume_command(cfg: DictConfig) -> str:
+    """The override that continues this run from its last checkpoint, ``ckpt_path=<run>/checkpoints/last.ckpt``,
+    quoted for Hydra and then for the shell, so that it runs as printed wherever the run folder is."""
+    return shlex.quote(f"ckpt_path={hydra_value(str(Path(cfg.paths.output_dir) / LAST_CHECKPOINT))}")
 
 
 class RunConfigInCheckpoint(L.Callback):

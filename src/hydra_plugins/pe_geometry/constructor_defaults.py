@@ -1,0 +1,104 @@
+"""The config groups' yaml files say ``_target_`` and what differs from the class; the rest is the class's constructor's.
+
+A class's ``__init__`` signature is the one source of each setting's default (``pe_geometry.signatures``):
+``configs/pe/rope.yaml`` holds its ``_target_`` and the interpolation ``training_length: ${data.seq_len}``, and Hydra
+composes ``pe.base: 10000.0`` and the other defaults from ``RotaryPE.__init__``, so that ``pe.base=500`` on the
+command line overrides a key that is there, ``--cfg job`` prints every setting, and a checkpoint's run config holds
+them all, as before.
+
+How: a search-path plugin puts this project's config folder (``pkg://pe_geometry.configs``, or that folder as a
+``file://`` path, as tests compose it) behind a config source that fills, in every node of a loaded file that names a
+``_target_``, the keyword arguments the yaml leaves out that have a default, read from the source (no import: composing
+stays as fast as ``--help``). Arguments the pipeline passes itself (``pe_geometry.configs.SUPPLIED``: the model's
+width given to its encoding, ...) and classes of other libraries (Lightning's Trainer takes 40 arguments; its yaml
+lists the ones we set) are left as the yaml says. A user's own config folder (``--config-dir``) is read as Hydra reads
+it: its yaml says its settings itself, or ``+key=value`` adds one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra._internal.core_plugins.file_config_source import FileConfigSource
+from hydra._internal.core_plugins.importlib_resources_config_source import ImportlibResourcesConfigSource
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.plugins.config_source import ConfigResult
+from hydra.plugins.search_path_plugin import SearchPathPlugin
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+PACKAGE = "pe_geometry.configs"
+OTHER_LIBRARIES = ("lightning.", "torch.", "wandb.")  # their classes' yaml lists what we set; the rest is theirs
+
+
+def fill_constructor_defaults(config: Any, group: str | None) -> None:
+    """Add to each ``_target_`` node of a loaded config file the constructor defaults its keys leave out."""
+    from pe_geometry.configs import SUPPLIED
+    from pe_geometry.signatures import EMPTY, Unreadable, constructor_params
+
+    def visit(node: Any, path: tuple[str, ...]) -> None:
+        if not isinstance(node, DictConfig):
+            return
+        for key in list(node.keys()):
+            if OmegaConf.is_dict(node._get_node(key)):
+                visit(node[key], (*path, str(key)))
+        target = node._get_node("_target_") if "_target_" in node else None
+        if target is None or OmegaConf.is_interpolation(node, "_target_") or not isinstance(target._value(), str):
+            return
+        name = target._value()
+        if name.startswith(OTHER_LIBRARIES):
+            return
+        try:
+            params = constructor_params(name, import_if_needed=False)
+        except (Unreadable, ImportError):
+            return  # left as the yaml says; the schema reads it when the run starts
+        supplied = SUPPLIED.get(group or (path[0] if path else ""), set())
+        home = name.split(".", 1)[0]
+        with open_dict(node):
+            for param in (params or {}).values():
+                inherited = param.owner.split(".", 1)[0] != home  # (a subclass of Lightning's ModelCheckpoint)
+                if param.name not in node and param.name not in supplied and param.default is not EMPTY and not inherited:
+                    value = list(param.default) if isinstance(param.default, tuple) else param.default
+                    node[param.name] = value
+
+    visit(config, ())
+
+
+def _group(config_path: str, header: dict) -> str | None:
+    """The group a file's root node is placed at (``pe/rope`` -> ``pe``); None for ``@package _global_`` files and the
+    primary config, whose nodes are placed by their own keys."""
+    package = header.get("package")
+    if package == "_global_" or "/" not in config_path:
+        return None
+    return package or config_path.split("/", 1)[0]
+
+
+class _Filling:
+    def load_config(self, config_path: str) -> ConfigResult:
+        result = super().load_config(config_path)  # type: ignore[misc]
+        fill_constructor_defaults(result.config, _group(config_path, result.header))
+        return result
+
+
+class ConstructorDefaultsPackageSource(_Filling, ImportlibResourcesConfigSource):
+    @staticmethod
+    def scheme() -> str:
+        return "pe-geometry-pkg"
+
+
+class ConstructorDefaultsFileSource(_Filling, FileConfigSource):
+    @staticmethod
+    def scheme() -> str:
+        return "pe-geometry-file"
+
+
+class ConstructorDefaultsSearchPath(SearchPathPlugin):
+    """Reads this project's config folder through the sources above, wherever Hydra found it."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        from pe_geometry.configs import CONFIG_DIR
+
+        for element in search_path.get_path():
+            if element.path == f"pkg://{PACKAGE}":
+                element.path = f"pe-geometry-pkg://{PACKAGE}"
+            elif element.path in (f"file://{CONFIG_DIR}", str(CONFIG_DIR)):
+                element.path = f"pe-geometry-file://{CONFIG_DIR}"
