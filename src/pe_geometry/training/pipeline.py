@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from pe_geometry.training.run_folder import adopt_staged_output, claim_run_folde
 from pe_geometry.training.run_loader import accepted_kwargs, build_datamodule, build_model  # noqa: E402
 from pe_geometry.training.summary import run_summary  # noqa: E402
 from pe_geometry.training.task import LanguageModelTask  # noqa: E402
+from pe_geometry.training.threads import choose_threads  # noqa: E402
 from pe_geometry.training.validate import ConfigError, check_config  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -216,6 +218,13 @@ def check_batch_fits(cfg: DictConfig, datamodule) -> None:
                           f"of data.seq_len={cfg.data.seq_len} tokens; valid: 1 to {blocks}")
 
 
+@functools.cache
+def torch_default_threads() -> int:
+    """torch's own choice, as this process started (a sweep's later jobs in the same process must not inherit the
+    count an earlier job chose)."""
+    return torch.get_num_threads()
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Check the config, build data/model/trainer, fit; returns the final logged metrics.
 
@@ -248,6 +257,10 @@ def _train(cfg: DictConfig, run_folder_lock: ExitStack) -> dict[str, float]:
         remove_partial_writes(output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "highest"))
+    if str(cfg.trainer.get("devices", 1)) == "1" and int(cfg.trainer.get("num_nodes", 1)) == 1:  # (DDP sets its own)
+        n_threads, why = choose_threads(torch_default_threads())
+        torch.set_num_threads(n_threads)
+        log.info("torch threads: %d (%s)", n_threads, why)
 
     datamodule = build_datamodule(cfg)
     check_batch_fits(cfg, datamodule)
