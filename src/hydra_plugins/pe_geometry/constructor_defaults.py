@@ -24,7 +24,7 @@ from hydra._internal.core_plugins.importlib_resources_config_source import Impor
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.config_source import ConfigResult
 from hydra.plugins.search_path_plugin import SearchPathPlugin
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 PACKAGE = "pe_geometry.configs"
 OTHER_LIBRARIES = ("lightning.", "torch.", "wandb.")  # their classes' yaml lists what we set; the rest is theirs
@@ -36,16 +36,12 @@ def fill_constructor_defaults(config: Any, group: str | None) -> None:
     from pe_geometry.signatures import EMPTY, Unreadable, constructor_params
 
     def visit(node: Any, path: tuple[str, ...]) -> None:
-        if not isinstance(node, DictConfig):
+        if not isinstance(node, dict):
             return
-        for key in list(node.keys()):
-            if OmegaConf.is_dict(node._get_node(key)):
-                visit(node[key], (*path, str(key)))
-        target = node._get_node("_target_") if "_target_" in node else None
-        if target is None or OmegaConf.is_interpolation(node, "_target_") or not isinstance(target._value(), str):
-            return
-        name = target._value()
-        if name.startswith(OTHER_LIBRARIES):
+        for key, value in node.items():
+            visit(value, (*path, str(key)))
+        name = node.get("_target_")
+        if not isinstance(name, str) or "${" in name or name.startswith(OTHER_LIBRARIES):
             return
         try:
             params = constructor_params(name, import_if_needed=False)
@@ -53,14 +49,14 @@ def fill_constructor_defaults(config: Any, group: str | None) -> None:
             return  # left as the yaml says; the schema reads it when the run starts
         supplied = SUPPLIED.get(group or (path[0] if path else ""), set())
         home = name.split(".", 1)[0]
-        with open_dict(node):
-            for param in (params or {}).values():
-                inherited = param.owner.split(".", 1)[0] != home  # (a subclass of Lightning's ModelCheckpoint)
-                if param.name not in node and param.name not in supplied and param.default is not EMPTY and not inherited:
-                    value = list(param.default) if isinstance(param.default, tuple) else param.default
-                    node[param.name] = value
+        for param in (params or {}).values():
+            inherited = param.owner.split(".", 1)[0] != home  # (a subclass of Lightning's ModelCheckpoint)
+            if param.name not in node and param.name not in supplied and param.default is not EMPTY and not inherited:
+                value = list(param.default) if isinstance(param.default, tuple) else param.default
+                OmegaConf.update(config, ".".join((*path, param.name)), value, force_add=True)
 
-    visit(config, ())
+    if isinstance(config, DictConfig):
+        visit(OmegaConf.to_container(config, resolve=False), ())
 
 
 def _group(config_path: str, header: dict) -> str | None:
