@@ -45,9 +45,13 @@ class LanguageModelTask(L.LightningModule):
         self.build_optimizer, self.max_steps = optimizer, max_steps
 
     def setup(self, stage: str) -> None:
-        # ThroughputMonitor reads this to log FLOP/s (and MFU where the device's peak is known).
+        # ThroughputMonitor reads this to log FLOP/s (and MFU where the device's peak is known); counting it traces a
+        # meta-device copy of the model (0.3-0.6 s of a tiny fit), so only a run that logs throughput pays it.
+        from lightning.pytorch.callbacks import ThroughputMonitor
+
         dm = getattr(self.trainer, "datamodule", None)
-        if dm is not None and not hasattr(self, "flops_per_batch"):
+        logs_throughput = any(isinstance(cb, ThroughputMonitor) for cb in self.trainer.callbacks)
+        if dm is not None and logs_throughput and not hasattr(self, "flops_per_batch"):
             from pe_geometry.training.throughput import training_flops_per_batch
 
             self.flops_per_batch = training_flops_per_batch(self.model, dm.batch_size, dm.seq_len)

@@ -124,5 +124,8 @@ def log_end_of_run(loggers: Iterable, callbacks: Iterable) -> None:
 def finish(loggers: Iterable, exit_code: int) -> None:
     """End this job's W&B run (exit code 0 = finished, else failed); a no-op if none was started."""
     for lg in wandb_loggers(loggers):
-        if lg._experiment is not None:  # started: finishing an unstarted logger would start one
-            lg._experiment.finish(exit_code=exit_code)
+        from pe_geometry.training.lightning_compat import started_experiment  # (Lightning is loaded by then)
+
+        started = started_experiment(lg)
+        if started is not None:  # started: finishing an unstarted logger would start one
+            started.finish(exit_code=exit_code)
