@@ -50,7 +50,7 @@ class LanguageModelTask(L.LightningModule):
         from lightning.pytorch.callbacks import ThroughputMonitor
 
         dm = getattr(self.trainer, "datamodule", None)
-        logs_throughput = any(isinstance(cb, ThroughputMonitor) for cb in self.trainer.callbacks)
+        logs_throughput = any(isinstance(cb, ThroughputMonitor) for cb in getattr(self.trainer, "callbacks", ()))
         if dm is not None and logs_throughput and not hasattr(self, "flops_per_batch"):
             from pe_geometry.training.throughput import training_flops_per_batch
 
