@@ -90,32 +90,29 @@ def imported_params(target: str) -> dict[str, Param] | None:
     catch-all ``**kwargs`` (any key may be meant)."""
     obj = import_target(target)
     if not isinstance(obj, type):
-        return _function_params(obj, inspect.signature(obj), _hints(obj), skip_self=False)
+        own, takes_kwargs = _function_params(obj, skip_self=False)
+        return None if takes_kwargs else own
     out: dict[str, Param] = {}
-    for klass in obj.__mro__:
-        if "__init__" not in vars(klass) or klass is object:
+    for klass in obj.__mro__[:-1]:  # (not object)
+        if "__init__" not in vars(klass):
             continue
-        init = vars(klass)["__init__"]
-        found = _function_params(init, inspect.signature(init), _hints(init), skip_self=True)
-        if found is None:  # **kwargs: they go on up the hierarchy, or into config_type
-            signature = inspect.signature(init)
-            found = _function_params(init, signature.replace(parameters=[
-                p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]), _hints(init), skip_self=True)
-            out = {**found, **out}
-            config_type = getattr(obj, "config_type", None)
-            if dataclasses.is_dataclass(config_type):
-                return {**_dataclass_params(config_type), **out}
-            continue
-        return {**found, **out}
+        own, takes_kwargs = _function_params(vars(klass)["__init__"], skip_self=True)
+        out = {**own, **out}  # a base's keywords first, as the source reading orders them
+        if not takes_kwargs:
+            return out
+        config_type = getattr(obj, "config_type", None)
+        if dataclasses.is_dataclass(config_type):
+            return {**_dataclass_params(config_type), **out}
     return None
 
 
-def _function_params(function: Any, signature: inspect.Signature, hints: dict, skip_self: bool) -> dict[str, Param] | None:
-    params = list(signature.parameters.values())[1 if skip_self else 0:]
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name: Param(p.name, hints.get(p.name, EMPTY), p.default)
-            for p in params if p.kind is not p.VAR_POSITIONAL}
+def _function_params(function: Any, skip_self: bool) -> tuple[dict[str, Param], bool]:
+    """A function's keyword parameters and whether it takes ``**kwargs``."""
+    params = list(inspect.signature(function).parameters.values())[1 if skip_self else 0:]
+    hints = _hints(function)
+    own = {p.name: Param(p.name, hints.get(p.name, EMPTY), p.default, function.__module__)
+           for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return own, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _dataclass_params(cls: type) -> dict[str, Param]:

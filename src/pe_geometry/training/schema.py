@@ -44,9 +44,6 @@ def what(text: str, default: Any = None, **constraints: Any) -> Any:
     return Field(default, description=text, **constraints)
 
 
-Fraction01 = Annotated[float, Field(ge=0, lt=1)]
-
-
 class Settings(BaseModel):
     """A group's settings: unknown keys are refused, values coerced to their type."""
 
@@ -257,7 +254,7 @@ def check_node(key: str, node: Any, option: str | None = None,
                import_classes: bool = True) -> tuple[list[tuple[str, str]], dict[str, Any]]:
     """Check one ``_target_`` node: its keys against the class's constructor, its values against the constructor's
     annotations (``LIBRARY_SETTINGS`` for Lightning's and W&B's). ``import_classes=False``: a class whose source does
-    not say its signature plainly is left for the full check (raises ``Unreadable`` only internally)."""
+    not say its signature plainly is left for the full check."""
     if not isinstance(node, dict) or "_target_" not in node:
         return [(key, f"{key}={_show(node)} must be a config node with a _target_ (a class to build)")], {}
     target = str(node["_target_"])
@@ -265,11 +262,11 @@ def check_node(key: str, node: Any, option: str | None = None,
     try:
         params = constructor_params(target, import_if_needed=import_classes)
     except Unreadable:
-        params = _NOT_READ
+        params = None  # read when the run starts (the check that may import); until then any key is let through
     except (ImportError, AttributeError) as err:
         return [(key, f"{key}._target_={target} cannot be imported ({type(err).__name__}: {err})")], {}
     settings = {k: v for k, v in node.items() if k not in HYDRA_KEYS and not (isinstance(v, dict) and "_target_" in v)}
-    if params is not None and params is not _NOT_READ:
+    if params is not None:
         accepted = set(params) - SUPPLIED.get(group, set())
         unknown = sorted(set(node) - HYDRA_KEYS - accepted)
         if unknown:
@@ -278,19 +275,12 @@ def check_node(key: str, node: Any, option: str | None = None,
             return [(f"{key}.{k}", f"{key}.{k} is not a setting of {name}; valid: {valid}") for k in unknown], {}
     if target in LIBRARY_SETTINGS:
         return _errors(key, LIBRARY_SETTINGS[target], settings)
-    if params is None or params is _NOT_READ:
+    if params is None:
         return [], {}
     typed = tuple(p for name, p in params.items() if name not in SUPPLIED.get(group, set()))
     model, wording = _derived_model(target, typed)
     return _errors(key, model, settings, wording)
 
-
-_NOT_READ = object()  # a signature left for the check that may import
-
-
-def check_optimizer(node: Any, option: str | None = None, import_classes: bool = True) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """The optimizer group: its ``_target_`` is a factory (``adamw_warmup_cosine``) checked like every other node."""
-    return check_node("optimizer", node, option, import_classes)
 
 
 def _choice(choices: dict[str, Any], group: str) -> str | None:
@@ -315,7 +305,7 @@ def check_schema(cfg: DictConfig, choices: dict[str, Any] | None = None, import_
 
     top = {k: v for k, v in values.items()}
     record("", _errors("", TopLevelSettings, top))
-    for group in ("model", "pe", "embedding", "attention", "trainer"):
+    for group in ("model", "pe", "embedding", "attention", "trainer", "optimizer"):  # (optimizer: a factory's keys)
         if group in values:
             record(group, check_node(group, values[group], _choice(choices, group), import_classes))
     if "data" in values:
@@ -323,8 +313,6 @@ def check_schema(cfg: DictConfig, choices: dict[str, Any] | None = None, import_
         corpus = values["data"].get("corpus") if isinstance(values["data"], dict) else None
         if corpus is not None:
             record("data.corpus", check_node("data.corpus", corpus, None, import_classes))
-    if "optimizer" in values:
-        record("optimizer", check_optimizer(values["optimizer"], _choice(choices, "optimizer"), import_classes))
     if "paths" in values:
         node = values["paths"]
         not_a_group = ([("paths", "paths must be a config group")], {})
