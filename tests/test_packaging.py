@@ -30,7 +30,7 @@ PACKAGE_DIRS = [ROOT / "src" / "pe_geometry", ROOT / "src" / "hydra_plugins" / "
 OWN = {"pe_geometry", "tests", "experiments", "hydra_plugins.pe_geometry", "train", "generate"}
 # a script in experiments/ may import a sibling script: Python puts the script's folder on sys.path
 OWN |= {p.stem for p in (ROOT / "experiments").glob("*.py")}
-TOOLS = {"ruff"}  # declared and run, never imported
+TOOLS = {"ruff", "pytest-xdist"}  # declared and run (a pytest plugin), never imported
 
 
 def normalise(name: str) -> str:
@@ -169,7 +169,7 @@ def test_all_is_every_extra_and_dev_is_all_plus_the_tools():
     extras = optional_extras()
     assert set(extras) == {"wandb", "report", "pretrained", "launchers", "all"}
     assert declared("all") == declared(*extras)
-    assert declared("dev") - declared("all") == {"pytest", "ruff", "transformers", "x-transformers"}
+    assert declared("dev") - declared("all") == {"pytest", "pytest-xdist", "ruff", "x-transformers"}
 
 
 def test_every_direct_dependency_has_a_floor_for_the_lowest_versions_job(capsys):

