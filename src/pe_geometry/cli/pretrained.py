@@ -4,6 +4,7 @@
     pe-pretrained smollm2              # SmolLM2-135M (Q4_1 GGUF), gemma3: Gemma 3 270M (Q4_K_M GGUF)
     pe-pretrained PATH                 # a local Hugging Face folder or a .gguf file
     pe-pretrained smollm2 --json r.json
+    pe-pretrained DIR --series         # a folder of checkpoints (steps of one run, or seeds): each figure's trajectory
 
 The loaders and per-architecture adapters live in analysis/checkpoints.py, the measures in analysis/pretrained.py.
 """
@@ -78,7 +79,9 @@ def print_report(r: dict) -> None:
           f"{m['n_layers']} layers x {m['n_heads']} heads ({m['n_kv_heads']} key/value), "
           f"{m['n_parameters'] / 1e6:.1f} M parameters")
     if r["quantisation"]:
-        print(f"  GGUF tensor types {r['quantisation']} (dequantised to float32 on load; see docs/STUDY.md for the band)")
+        q = r["quantisation"]
+        print(f"  GGUF tensor types {q['counts']}: word table {q['embedding']}, q/k {q['qk']}, other matrices {q['matrix']} "
+              "(dequantised to float32 on load; how far that moves each figure: experiments/results/pretrained/band.md)")
     if "frequent_rows" in r:
         _print_input(r)
     _print_layers(r)
@@ -90,6 +93,16 @@ def print_report(r: dict) -> None:
     t = r["timings"]
     print(f"\n  time: {t['total_s']:.0f} s (load {t['load_s']:.0f} s, hidden states {t['hidden_s']:.0f} s, "
           f"attention {t['attention_s']:.0f} s)")
+
+
+def print_series(s: dict) -> None:
+    names = [Path(m).name for m in s["members"]]
+    print(f"Checkpoint series: {len(names)} checkpoints in {Path(s['members'][0]).parent}, in this order: {', '.join(names)}")
+    width = max(9, *(len(n) for n in names))
+    print(f"    {'figure':<36}" + "".join(f"{n[-width:]:>{width + 1}}" for n in names) + f"{'mean':>9}{'sd':>8}")
+    for figure, values in s["trajectories"].items():
+        spread = s["spread"][figure]
+        print(f"    {figure:<36}" + "".join(f"{v:>{width + 1}.3f}" for v in values) + f"{spread['mean']:>9.3f}{spread['sd']:>8.3f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -104,23 +117,41 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--attention-null-draws", type=int, default=20, help="rotation-null draws per layer (RoPE)")
     parser.add_argument("--windows", type=int, default=32, help="text windows read (the probe needs >= 5)")
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per window")
+    parser.add_argument("--series", action="store_true",
+                        help="MODEL is a folder of checkpoints (sub-folders or .gguf files): read each, in natural order")
     args = parser.parse_args(argv)
+    settings = {"n_frequent": args.n_frequent, "probe_permutations": args.probe_permutations,
+                "attention_null_draws": args.attention_null_draws, "n_windows": args.windows, "seq_len": args.seq_len}
     with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
         from pe_geometry.analysis.checkpoints import load
         from pe_geometry.analysis.pretrained import analyse
 
+        if args.series:
+            from pe_geometry.analysis.pretrained import series, series_members
+
+            try:  # not a folder of checkpoints: one line
+                series_members(Path(args.model_dir or args.model))
+            except OSError as err:
+                raise SystemExit(f"error: {err}") from None
+            results = series(args.model_dir or args.model, **settings)
+            print_series(results)
+            _write_json(args.json, results)
+            return results
         try:  # a wrong path, an unsupported architecture, an unreadable file: one line
             loaded = load(args.model_dir or args.model)
         except (OSError, ValueError) as err:
             raise SystemExit(f"error: {err}") from None
-        results = analyse(loaded=loaded, n_frequent=args.n_frequent, probe_permutations=args.probe_permutations,
-                          attention_null_draws=args.attention_null_draws, n_windows=args.windows, seq_len=args.seq_len)
+        results = analyse(loaded=loaded, **settings)
     print_report(results)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
-        print(f"\nwrote {args.json}")
+    _write_json(args.json, results)
     return results
+
+
+def _write_json(path: Path | None, results: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2))
+        print(f"\nwrote {path}")
 
 
 cli = console_script(main)  # pe-pretrained
