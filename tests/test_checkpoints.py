@@ -364,8 +364,10 @@ def test_score_parts_that_do_not_add_up_to_the_logits_raise(monkeypatch):
     reader = ck.Reader(build("t5"), "t5")
     ids = tokens()
     pt.attention_layers(reader, ids)  # the real parts add up
-    real = pt.score_parts
-    monkeypatch.setattr(pt, "score_parts", lambda recorded: real(recorded | {"score_bias": torch.zeros(1)}))
+    from pe_geometry.analysis import position_attention as pa
+
+    real = pa.recorded_score_parts  # the estimator both readers share
+    monkeypatch.setattr(pa, "recorded_score_parts", lambda recorded: real(recorded | {"score_bias": torch.zeros(1)}))
     with pytest.raises(ValueError, match="do not add up to the logits"):
         pt.attention_layers(reader, ids)
 

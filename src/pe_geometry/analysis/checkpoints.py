@@ -176,6 +176,10 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((head * cos + _rotate_half(head) * sin, rest), dim=-1)
 
 
+def _rotation(cos: Tensor, sin: Tensor):
+    return lambda q, k: (rotate(q, cos, sin), rotate(k, cos, sin))
+
+
 def _visible(attention_mask: Tensor | None, T: int, S: int, causal: bool, device) -> Tensor:
     """(T, S) bool: the keys each query sees, from the model's own (additive or boolean) mask of the first sequence."""
     if attention_mask is None:
@@ -327,7 +331,8 @@ class Reader:
     def attention(self, ids: Tensor, layers: list[int] | None = None) -> dict[int, dict[str, Tensor | None]]:
         """Per layer: ``q`` (B, H, T, d) and ``k`` (B, H_kv, T, d) after the encoding, ``q_pre``/``k_pre`` before it,
         ``score_bias`` (B or 1, H, T, S) or None, ``logits`` (B, H, T, S) with -inf where a query does not see the
-        key, ``visible`` (T, S) bool, ``scaling``, and ``cos``/``sin`` of a rotation (else None)."""
+        key, ``visible`` (T, S) bool, ``scaling``, ``cos``/``sin`` of a rotation and ``rotate(q, k) -> (q, k)``, the
+        model's rotation (else None): what ``position_attention``'s estimators read."""
         layers = list(range(self.n_layers)) if layers is None else layers
         with self._stores(layers) as stores:
             self.model(**self._inputs(ids))
@@ -341,7 +346,8 @@ class Reader:
                 q_pre, k_pre = q, k
             logits = s["logits"].masked_fill(~s["visible"], float("-inf"))
             recorded[i] = {"q": q, "k": k, "q_pre": q_pre, "k_pre": k_pre, "score_bias": s.get("score_bias"),
-                           "logits": logits, "visible": s["visible"], "scaling": s["scaling"], "cos": cos, "sin": sin}
+                           "logits": logits, "visible": s["visible"], "scaling": s["scaling"], "cos": cos, "sin": sin,
+                           "rotate": None if cos is None else _rotation(cos, sin)}
         return recorded
 
     def layer_kind(self, layer: int) -> str:

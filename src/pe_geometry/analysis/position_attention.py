@@ -59,36 +59,87 @@ def sequence_points(recorded: dict[str, Tensor | None], b: int) -> dict[str, Ten
     return {name: t[b : b + 1] if t is not None and t.dim() == 4 else t for name, t in recorded.items()}
 
 
-def score_parts(
-    attn: MultiHeadAttention, recorded: dict[str, Tensor | None], mix: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """A self-attention's recorded scores split as content + position, (B, H, T, S) float32 each.
+def recorded_score_parts(recorded: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
+    """One self-attention's recorded scores split as content + position, (B, H, T, S) float32 each, from its hook
+    points alone: what this framework's models record (model/attention.py) and what ``analysis.checkpoints`` records
+    of a transformers model, so both are read by the same estimator.
 
-    content = q.k / sqrt(d_head) of the projections before the encoding's hooks (the recorded ``q_pre``,
-    ``k_pre``; under ``qk_norm`` normalised: tau_h cos(q, k)); position = what the encoding adds to it: the change
-    its rotation made to q.k (the recorded ``q``, ``k``: RoPE, xPos) plus the recorded ``score_bias`` (ALiBi, T5,
-    FIRE, Kerple, CoPE's contextual one); both times the recorded ``query_scale`` (logn_scaling). content +
-    position are the recorded ``logits`` on the keys each query sees (position is 0 for an encoding without
-    hooks). Keys per query head (grouped-query attention repeats the shared ones). ``mix`` (H, d_head, d_head),
-    orthogonal: q and k of head h multiplied by mix[h] before the encoding's rotation (``attn.pe.rotate_qk``,
-    applied here to the mixed projections), which keeps every content score and moves the head's q/k energy to
-    other rotation pairs (the rotation null; the score bias is the recorded one: a rotation has no contextual bias).
+    content = q_pre.k_pre x ``scaling`` (the projections before the encoding; under qk_norm already normalised);
+    position = what the encoding adds: q.k x scaling - content (a rotation's change: RoPE, xPos) plus ``score_bias``
+    (ALiBi, T5, FIRE, Kerple, CoPE); both times ``query_scale`` (logn_scaling) where recorded. Keys of shared heads
+    (grouped-query attention) are repeated for the query heads of their group.
     """
-    q, k = recorded["q_pre"], attn._per_query_head(recorded["k_pre"], dim=1)
-    if mix is None:
-        q_enc, k_enc = recorded["q"], attn._per_query_head(recorded["k"], dim=1)
-    else:
-        q, k = q @ mix.to(q.dtype), k @ mix.to(k.dtype)
-        q_enc, k_enc = attn.pe.rotate_qk(q, k, 0)
-    scale = 1.0 / math.sqrt(attn.d_head)
-    content = (q @ k.transpose(-2, -1)).float() * scale
-    position = (q_enc @ k_enc.transpose(-2, -1)).float() * scale - content
-    if recorded["score_bias"] is not None:
+    groups = recorded["q"].shape[1] // recorded["k"].shape[1]
+    k, k_pre = (recorded[n].repeat_interleave(groups, dim=1) if groups > 1 else recorded[n] for n in ("k", "k_pre"))
+    scale = recorded["scaling"]
+    content = (recorded["q_pre"] @ k_pre.transpose(-2, -1)).float() * scale
+    position = (recorded["q"] @ k.transpose(-2, -1)).float() * scale - content
+    if recorded.get("score_bias") is not None:
         position = position + recorded["score_bias"].float()
-    factor = recorded["query_scale"]
+    factor = recorded.get("query_scale")
     if factor is not None:
         content, position = content * factor, position * factor
     return content, position
+
+
+def mixed_rotation(recorded: dict[str, Tensor | None], mix: Tensor, rotate) -> dict[str, Tensor | None]:
+    """The rotation null's copy of a layer's points: q and k before the encoding (keys per query head) multiplied by
+    mix[h] (H, d_head, d_head), orthogonal, then rotated by the encoding's own ``rotate(q, k) -> (q, k)``: every
+    content score is kept, the head's energy moves to other rotation pairs (the score bias is the recorded one)."""
+    groups = recorded["q"].shape[1] // recorded["k"].shape[1]
+    k_pre = recorded["k_pre"].repeat_interleave(groups, dim=1) if groups > 1 else recorded["k_pre"]
+    q, k = recorded["q_pre"] @ mix.to(recorded["q_pre"].dtype), k_pre @ mix.to(k_pre.dtype)
+    q_enc, k_enc = rotate(q, k)
+    return recorded | {"q_pre": q, "k_pre": k, "q": q_enc, "k": k_enc}
+
+
+def score_parts(
+    attn: MultiHeadAttention, recorded: dict[str, Tensor | None], mix: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """``recorded_score_parts`` of one of this framework's self-attentions (``attn``: its d_head and encoding).
+    ``mix`` (H, d_head, d_head), orthogonal: the rotation null's draw (``mixed_rotation`` with ``attn.pe.rotate_qk``)."""
+    points = recorded | {"scaling": 1.0 / math.sqrt(attn.d_head)}
+    if mix is not None:
+        points = mixed_rotation(points, mix, lambda q, k: attn.pe.rotate_qk(q, k, 0))
+    return recorded_score_parts(points)
+
+
+def recorded_shares(recorded: dict[str, Tensor | None], visible: Tensor) -> Tensor:
+    """The positional share per head (H,) float64 of one layer's recorded points (``recorded_score_parts``) over the
+    keys each query sees (``visible`` (T, S) bool); checks content + position against the recorded logits."""
+    content, position = recorded_score_parts(recorded)
+    check_total(*_total_gap((content + position).masked_fill(~visible, float("-inf")), recorded["logits"]),
+                recorded["logits"].dtype, "the content + position of the scores")
+    cov, var = _share_sums(content, position, visible)
+    return cov / var
+
+
+def rotation_null_shares(recorded: dict[str, Tensor | None], visible: Tensor, rotate, n_draws: int = 20,
+                         seed: int = 0) -> Tensor:
+    """(n_draws, H): the positional share of each head when its q and k are mixed by a Haar-random orthogonal matrix
+    before the encoding's ``rotate`` (``mixed_rotation``): the rotation null of the module docstring."""
+    generator = torch.Generator().manual_seed(seed)
+    H, d = recorded["q"].shape[1], recorded["q"].shape[-1]
+    draws = []
+    for _ in range(n_draws):
+        mix = haar_orthogonal(H, d, generator).to(recorded["q"].device)
+        cov, var = _share_sums(*recorded_score_parts(mixed_rotation(recorded, mix, rotate)), visible)
+        draws.append(cov / var)
+    return torch.stack(draws)
+
+
+def recorded_distance(logits: Tensor, visible: Tensor) -> tuple[Tensor, float]:
+    """Each head's mean |i - j| (H,) float64 under the softmax of one layer's recorded ``logits`` (B, H, T, S), -inf
+    where hidden, averaged over queries and sequences (the queries are the last T of the S positions); and uniform
+    attention's over the keys each query sees (``visible`` (T, S))."""
+    T, S = visible.shape
+    distance = (torch.arange(S - T, S, dtype=torch.float64, device=logits.device)[:, None]
+                - torch.arange(S, dtype=torch.float64, device=logits.device)[None, :]).abs()
+    total = 0.0
+    for one in logits.split(1):  # (1, H, T, S) float64 at a time
+        total = total + (one.double().softmax(dim=-1) * distance).sum(dim=-1).mean(dim=-1).sum(dim=0)
+    uniform = visible.double() / visible.sum(dim=-1, keepdim=True)
+    return total / logits.shape[0], float((uniform * distance).sum(dim=-1).mean())
 
 
 def _relative_position_shares(
@@ -153,25 +204,17 @@ def mean_attention_distance(model: LanguageModel, idx: Tensor, n_blocks: int | N
     """(distance (n_blocks, H), chance (n_blocks, H)): mean |i - j| under each head's softmax weights, and under
     uniform weights over the keys each query sees (the same for every head), averaged over queries and sequences;
     in the first ``n_blocks`` blocks (None: all)."""
-    T = idx.shape[1]
-    mask = _mask(model, T, idx.device)
-    positions = torch.arange(T, device=idx.device, dtype=torch.float64)
-    distance = (positions[:, None] - positions[None, :]).abs()  # (T, T)
-    uniform = mask.double() / mask.sum(dim=-1, keepdim=True)
-    chance = float((uniform * distance).sum(dim=-1).mean())
+    mask = _mask(model, idx.shape[1], idx.device)
     blocks = range(len(model.blocks))[:n_blocks]
-    out = []
+    out, chance = [], 0.0
     with record_attention(model, blocks, points=("logits",)) as record:
         # the state after block i is yielded once block i has run: its recorded logits are read, then dropped
         for i, _ in zip(range(-1, len(blocks)), model.iter_hidden_states(idx)):
             if i < 0:
                 continue
-            total = 0.0
-            for logits in record[i]["logits"].split(1):  # (1, H, T, T), -inf on the keys a query does not see
-                weights = logits.double().softmax(dim=-1)
-                total = total + (weights * distance).sum(dim=-1).mean(dim=-1).sum(dim=0)  # (H,)
+            distance, chance = recorded_distance(record[i]["logits"], mask)
             record[i]["logits"] = None
-            out.append(total / idx.shape[0])
+            out.append(distance)
     result = torch.stack(out)
     return result, torch.full_like(result, chance)
 

