@@ -25,7 +25,7 @@ from pathlib import Path
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
 from pe_geometry.analysis import quantisation as quant
 from pe_geometry.analysis.checkpoints import Loaded, load
-from pe_geometry.analysis.pretrained import analyse, figures
+from pe_geometry.analysis.pretrained import analyse, figures, heads_against_null
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "experiments/results/extrapolation/extrapolation.json"  # the ten families trained here, 3 seeds
@@ -55,7 +55,8 @@ def block0_share(r: dict) -> tuple[float | None, str]:
         return None, "–"
     above = "–"
     if "positional_share_null" in a:
-        above = f"{sum(n['share_p'] < 0.05 for n in a['positional_share_null'])}/{len(a['positional_share'])}"
+        up, down = heads_against_null(a)
+        above = f"{up} above, {down} below null, of {len(a['positional_share'])}"
     return _mean(a["positional_share"]), above
 
 
@@ -109,12 +110,12 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 def table(results: dict[str, dict], trained: dict | None, band_result: dict | None) -> list[str]:
     head = ["model", "encoding", "layers x d", "overlap_k8 / null (input)", "probe R² at depth 0 / ¼ / ½ / ¾ / 1",
-            "block 0 positional share (heads > null)", "distance / uniform, block 0; 1"]
+            "block 0 positional share (heads vs rotation null)", "distance / uniform, block 0; 1"]
     lines = ["# Real checkpoints beside the trained-here runs, on the same axes", "",
              "Real models: `pe-pretrained` on 32 windows of 64 tokens of the shipped plays under each model's own "
              "tokenizer (probe: grouped-CV ridge, null of 100 cyclic shifts, R² null mean ~0 throughout; share: the "
              "variance share of the scores from what the encoding adds, for learned tables block 0's four position "
-             "terms; heads > null: rotation-null p < 0.05 of 20 draws). Trained here: the extrapolation benchmark's "
+             "terms; heads above / below the rotation null: two-sided p < 0.05 of 20 draws). Trained here: the extrapolation benchmark's "
              "models (d 64, 2 layers, 3 seeds, mean), block 0-1 only; their probe is in docs/STUDY.md.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in results.items():

@@ -139,6 +139,14 @@ def hidden_state_layers(reader: Reader, ids: Tensor, text: slice, n_permutations
 # ----------------------------------------------------------------------------- attention
 
 
+def heads_against_null(row: dict, alpha: float = 0.05) -> tuple[int, int]:
+    """(heads above, heads below) the rotation null at two-sided p < alpha: a head that uses its rotation's
+    position-sensitive (fast) pairs more than a random orientation would, or less (the slow, near-constant ones)."""
+    nulls = row.get("positional_share_null") or []
+    return (sum(n["share_p"] < alpha and n["share_z"] > 0 for n in nulls),
+            sum(n["share_p"] < alpha and n["share_z"] < 0 for n in nulls))
+
+
 def attention_layers(reader: Reader, ids: Tensor, null_draws: int = 20, seed: int = 0) -> list[dict]:
     """Per layer: its kind, the positional share per head (RoPE with its rotation null; ALiBi/T5 the bias; None for a
     layer whose scores have no position term of their own, as in the learned families), and the attention distance."""
@@ -155,7 +163,7 @@ def attention_layers(reader: Reader, ids: Tensor, null_draws: int = 20, seed: in
                 draws = rotation_null_shares(recorded, recorded["visible"], recorded["rotate"], null_draws,
                                              seed + layer).numpy()
                 row["positional_share_null"] = [
-                    null_summary("share", s, draws[:, h], alternative="greater") for h, s in enumerate(row["positional_share"])]
+                    null_summary("share", s, draws[:, h]) for h, s in enumerate(row["positional_share"])]  # two-sided
         else:
             row["positional_share"] = None
         out.append(row)

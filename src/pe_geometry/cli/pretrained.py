@@ -52,12 +52,14 @@ def _print_input(r: dict) -> None:
 
 
 def _print_layers(r: dict) -> None:
+    from pe_geometry.analysis.pretrained import heads_against_null
+
     w = r["windows"]
     print(f"\n== Per layer ({w['n']} windows of {w['seq_len']} tokens; probe on positions {w['text_positions'][0]}.."
           f"{w['text_positions'][1] - 1}). probe R2 = position read off the hidden state at the block's input "
-          "(null: cyclic shifts); share = positional share of the scores (mean over heads; null p < 0.05 counts heads "
-          "above the rotation null); distance = mean |i - j| under the weights vs uniform attention's")
-    print(f"    {'layer':>5} {'kind':>10} {'probe R2':>9} {'null':>7} {'share':>7} {'heads>null':>10} {'distance':>9} {'uniform':>8}")
+          "(null: cyclic shifts); share = positional share of the scores (mean over heads; vs null: heads above + "
+          "and below - the rotation null, two-sided p < 0.05); distance = mean |i - j| under the weights vs uniform attention's")
+    print(f"    {'layer':>5} {'kind':>10} {'probe R2':>9} {'null':>7} {'share':>7} {'vs null':>10} {'distance':>9} {'uniform':>8}")
     for i, h in enumerate(r["hidden_states"]):
         a = r["attention_layers"][i] if i < len(r["attention_layers"]) else None
         share = above = dist = unif = kind = ""
@@ -66,7 +68,8 @@ def _print_layers(r: dict) -> None:
             if a["positional_share"] is not None:
                 share = f"{sum(a['positional_share']) / len(a['positional_share']):.3f}"
             if "positional_share_null" in a:
-                above = f"{sum(n['share_p'] < 0.05 for n in a['positional_share_null'])}/{len(a['positional_share'])}"
+                up, down = heads_against_null(a)
+                above = f"{up}+ {down}-/{len(a['positional_share'])}"
             dist, unif = f"{sum(a['mean_distance']) / len(a['mean_distance']):.1f}", f"{a['distance_chance']:.1f}"
         label = str(i) if a is not None else "out"
         print(f"    {label:>5} {kind:>10} {h['position_r2']:>9.3f} {h['position_r2_null_mean']:>7.3f} {share:>7} "
