@@ -148,5 +148,8 @@ def test_smollm2_is_read_offline_from_its_gguf(tmp_path):
         ("llama", "rope", 30, 576, 9, 3)
     assert m["rope_parameters"]["rope_theta"] == 100000.0 and r["quantisation"]["qk"] == "Q4_1"
     assert "frequent_rows" not in r and len(r["hidden_states"]) == 31 and len(r["attention_layers"]) == 30
+    band = r["quantisation_band"]  # MiniLM through this file's scheme: probe, distance, input and block-0 kinds
+    assert set(band) == {"input", "block0", "probe", "distance"} and all(0 <= v < 0.5 for v in band.values())
+    assert "quantisation band" in done.stdout and f"±{band['probe']:.2f}" in done.stdout
     shares = [s for a in r["attention_layers"] for s in a["positional_share"]]
     assert len(shares) == 30 * 9 and max(shares) > 0.5  # RoPE puts position in the scores of some heads

@@ -60,6 +60,8 @@ def _print_layers(r: dict) -> None:
           "(null: cyclic shifts); share = positional share of the scores (mean over heads; vs null: heads above + "
           "and below - the rotation null, two-sided p < 0.05); distance = mean |i - j| under the weights vs uniform attention's")
     print(f"    {'layer':>5} {'kind':>10} {'probe R2':>9} {'null':>7} {'share':>7} {'vs null':>10} {'distance':>9} {'uniform':>8}")
+    band = r.get("quantisation_band") or {}
+    probe_band = f" ±{band['probe']:.2f}" if "probe" in band else ""
     for i, h in enumerate(r["hidden_states"]):
         a = r["attention_layers"][i] if i < len(r["attention_layers"]) else None
         share = above = dist = unif = kind = ""
@@ -71,9 +73,11 @@ def _print_layers(r: dict) -> None:
                 up, down = heads_against_null(a)
                 above = f"{up}+ {down}-/{len(a['positional_share'])}"
             dist, unif = f"{sum(a['mean_distance']) / len(a['mean_distance']):.1f}", f"{a['distance_chance']:.1f}"
+            if "distance" in band:  # the band is of distance / uniform: in tokens here
+                dist += f" ±{band['distance'] * a['distance_chance']:.1f}"
         label = str(i) if a is not None else "out"
-        print(f"    {label:>5} {kind:>10} {h['position_r2']:>9.3f} {h['position_r2_null_mean']:>7.3f} {share:>7} "
-              f"{above:>10} {dist:>9} {unif:>8}")
+        print(f"    {label:>5} {kind:>10} {h['position_r2']:>9.3f}{probe_band} {h['position_r2_null_mean']:>7.3f} {share:>7} "
+              f"{above:>10} {dist:>9} {unif:>8}".rstrip())
 
 
 def print_report(r: dict) -> None:
@@ -84,7 +88,11 @@ def print_report(r: dict) -> None:
     if r["quantisation"]:
         q = r["quantisation"]
         print(f"  GGUF tensor types {q['counts']}: word table {q['embedding']}, q/k {q['qk']}, other matrices {q['matrix']} "
-              "(dequantised to float32 on load; how far that moves each figure: experiments/results/pretrained/band.md)")
+              "(dequantised to float32 on load)")
+        band = r.get("quantisation_band")
+        if band:
+            print("  quantisation band (MiniLM's fp32 weights round-tripped through this file's scheme; the largest "
+                  "move of a figure of each kind): " + ", ".join(f"{kind} ±{v:.2g}" for kind, v in band.items()))
     if "frequent_rows" in r:
         _print_input(r)
     _print_layers(r)
@@ -120,6 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--attention-null-draws", type=int, default=20, help="rotation-null draws per layer (RoPE)")
     parser.add_argument("--windows", type=int, default=32, help="text windows read (the probe needs >= 5)")
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per window")
+    parser.add_argument("--no-band", action="store_true",
+                        help="for a quantised file, skip the band (MiniLM round-tripped through its scheme, ~40 s)")
     parser.add_argument("--series", action="store_true",
                         help="MODEL is a folder of checkpoints (sub-folders or .gguf files): read each, in natural order")
     args = parser.parse_args(argv)
@@ -145,6 +155,10 @@ def main(argv: list[str] | None = None) -> dict:
         except (OSError, ValueError) as err:
             raise SystemExit(f"error: {err}") from None
         results = analyse(loaded=loaded, **settings)
+        if loaded.quantisation and not args.no_band:  # a 4-bit file: how far that moves each kind of figure
+            from pe_geometry.analysis.pretrained import quantisation_band
+
+            results["quantisation_band"] = quantisation_band(loaded.quantisation, **settings)["by_kind"]
     print_report(results)
     _write_json(args.json, results)
     return results
