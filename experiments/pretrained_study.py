@@ -10,7 +10,8 @@
    how far 4-bit weights move each figure on a model whose fp32 weights we have.
 3. ``table.md``: per model (and per trained-here family, from the committed extrapolation benchmark's block-0 figures)
    the input-level overlap against its null (learned tables), the probe's R^2 at relative depths 0, 1/4, 1/2, 3/4, 1,
-   block 0's positional share (heads above the rotation null), and attention distance over uniform's at blocks 0-1.
+   block 0's positional share, every head's share against its rotation null (RoPE), and attention distance over
+   uniform's at blocks 0-1.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
 from pe_geometry.analysis import quantisation as quant
 from pe_geometry.analysis.checkpoints import Loaded, load
-from pe_geometry.analysis.pretrained import analyse, figures, heads_against_null
+from pe_geometry.analysis.pretrained import analyse, figures
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "experiments/results/extrapolation/extrapolation.json"  # the ten families trained here, 3 seeds
@@ -37,7 +38,7 @@ FAMILIES_HERE = ("learned", "rope", "alibi", "t5_bias", "none")
 def settings(quick: bool) -> dict:
     if quick:
         return {"probe_permutations": 5, "attention_null_draws": 3, "n_windows": 8, "seq_len": 32}
-    return {}  # analyse's defaults: 32 windows x 64 tokens, 100 probe draws, 20 rotation draws
+    return {}  # analyse's defaults: 32 windows x 64 tokens, 100 probe draws, 100 rotation draws
 
 
 # ----------------------------------------------------------------------------- figures
@@ -47,18 +48,22 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values)
 
 
-def block0_share(r: dict) -> tuple[float | None, str]:
-    """Block 0's positional share (mean over heads) and how many heads sit above the rotation null (p < 0.05)."""
-    if "attention_layer0" in r:  # a learned table: the input split's four position terms
-        return _mean(r["attention_layer0"]["shares"]["positional"]), "–"
+def block0_share(r: dict) -> float | None:
+    """Block 0's positional share, mean over heads (a learned table: the input split's four position terms)."""
+    if "attention_layer0" in r:
+        return _mean(r["attention_layer0"]["shares"]["positional"])
     a = r["attention_layers"][0]
-    if a["positional_share"] is None:
-        return None, "–"
-    above = "–"
-    if "positional_share_null" in a:
-        up, down = heads_against_null(a)
-        above = f"{up} above, {down} below null, of {len(a['positional_share'])}"
-    return _mean(a["positional_share"]), above
+    return None if a["positional_share"] is None else _mean(a["positional_share"])
+
+
+def against_null(r: dict) -> str:
+    """Every head's share against its rotation null: heads below their null's median (sign test p), and the mean
+    share beside the null's."""
+    n = r.get("rotation_null")
+    if n is None:
+        return "–"
+    return (f"{n['below_null_median']}/{n['n_heads']} below (p {n['sign_test_p']:.1g}); "
+            f"{n['share_mean']:.2f} vs {n['null_mean']:.2f}")
 
 
 def probe_by_depth(r: dict) -> list[float]:
@@ -111,12 +116,14 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 def table(results: dict[str, dict], trained: dict | None, band_result: dict | None) -> list[str]:
     head = ["model", "encoding", "layers x d", "overlap_k8 / null (input)", "probe R² at depth 0 / ¼ / ½ / ¾ / 1",
-            "block 0 positional share (heads vs rotation null)", "distance / uniform, block 0; 1"]
+            "block 0 positional share", "every head vs its rotation null: below its median; mean share vs null",
+            "distance / uniform, block 0; 1"]
     lines = ["# Real checkpoints beside the trained-here runs, on the same axes", "",
              "Real models: `pe-pretrained` on 32 windows of 64 tokens of the shipped plays under each model's own "
              "tokenizer (probe: grouped-CV ridge, null of 100 cyclic shifts, R² null mean ~0 throughout; share: the "
              "variance share of the scores from what the encoding adds, for learned tables block 0's four position "
-             "terms; heads above / below the rotation null: two-sided p < 0.05 of 20 draws). Trained here (mean over 3 "
+             "terms; the rotation null: each head's q and k turned by a random orthogonal matrix before the rotation, 100 "
+             "draws; under it a head is as likely below its median as above: sign test over all heads). Trained here (mean over 3 "
              "seeds, d 64, 2 blocks, 1800 steps on the plays): shares and distances from the extrapolation benchmark's "
              "runs, overlap and probe from the orthogonality study's (the same recipe; its probe reads 128 validation "
              "blocks).", "",
@@ -127,27 +134,28 @@ def table(results: dict[str, dict], trained: dict | None, band_result: dict | No
         if "frequent_rows" in r:
             g = r["frequent_rows"]["geometry"]
             overlap = f"{g['overlap_k8']:.3f} / {g['overlap_k8_null_mean']:.3f}"
-        share, above = block0_share(r)
+        share = block0_share(r)
         probe = " / ".join(f"{v:.2f}" for v in probe_by_depth(r))
         quantised = f", {r['quantisation']['matrix']}" if r["quantisation"] else ""
         lines.append(f"| {name} ({m['model_type']}{quantised}) | {m['encoding']} | {m['n_layers']} x {m['d_model']} | "
-                     f"{overlap} | {probe} | {_fmt(share)} ({above}) | "
+                     f"{overlap} | {probe} | {_fmt(share)} | {against_null(r)} | "
                      f"{distance_ratio(r, 0):.2f}; {distance_ratio(r, 1):.2f} |")
     geometry = json.loads(TRAINED_GEOMETRY.read_text())["groups"] if TRAINED_GEOMETRY.exists() else {}
     for family in FAMILIES_HERE if trained else ():
         a = trained["summary"][family]["attention"]
-        null = f"null {a['null_mean']['mean']:.3f}" if "null_mean" in a else "–"
+        null = f"null mean {a['null_mean']['mean']:.3f}" if "null_mean" in a else "–"
         d0, d1 = (x["mean"] for x in a["distance_ratio"])
         overlap = probe = ""
         measures = geometry.get(family, {}).get("measures", {})
         if "geometry/overlap_k8" in measures:
             m = measures["geometry/overlap_k8"]
-            overlap = f"{m['end']['mean']:.3f} / {m['null_mean']:.3f}"
+            overlap = f"{m['end']['mean']:.3f} / {m['null_mean']['end']['mean']:.3f}"
         r2 = [measures.get(f"geometry/hidden/layer{i}/position_r2", {}).get("end", {}).get("mean") for i in range(3)]
         if None not in r2:  # 2 blocks: inputs 0, 1 and the output are depths 0, 1/2, 1
             probe = f"{r2[0]:.2f} / – / {r2[1]:.2f} / – / {r2[2]:.2f}"
         lines.append(f"| trained here: {family} | {family} | 2 x 64 | {overlap} | {probe} | "
-                     f"{a['positional_share']['mean']:.3f} ± {a['positional_share']['sd']:.3f} ({null}) | {d0:.2f}; {d1:.2f} |")
+                     f"{a['positional_share']['mean']:.3f} ± {a['positional_share']['sd']:.3f} | {null} (block 0) | "
+                     f"{d0:.2f}; {d1:.2f} |")
     if band_result is not None:
         worst = max(band_result["max_abs_diff"].items(), key=lambda kv: kv[1])
         lines += ["", f"Quantisation band (band.md, MiniLM round-tripped through each file's scheme): the largest move of "

@@ -23,8 +23,8 @@ from pe_geometry.extras import needs_extra
 with needs_extra("report", "the control contrast"):
     from scipy import stats as scipy_stats
 
+from pe_geometry.analysis.nulls import holm
 from pe_geometry.analysis.runs import stats
-from pe_geometry.analysis.verdict import holm
 
 
 def changes(verdict: dict, figure: str) -> dict[int, tuple[float, float]]:

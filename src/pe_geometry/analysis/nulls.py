@@ -119,6 +119,26 @@ def empirical_p(observed: float, null: Tensor | np.ndarray, alternative: str = "
     return float(min(1.0, 2.0 * min(p_less, p_greater)))
 
 
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's (1979) step-down adjusted p-values, in the order given: the i-th smallest of m p's times (m - i + 1),
+    made non-decreasing along that order (a test cannot pass where a smaller p failed) and capped at 1."""
+    m = len(p_values)
+    adjusted, running = [1.0] * m, 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda j: p_values[j])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def sign_test(k: int, n: int) -> float:
+    """Two-sided exact binomial p of k successes in n trials at probability 1/2 (the sign test): twice the smaller
+    tail, capped at 1. Exact integer arithmetic, so it stays right for n in the thousands."""
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(0, min(k, n - k) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
 def null_summary(
     name: str,
     observed: float,

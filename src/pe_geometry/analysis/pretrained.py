@@ -35,7 +35,7 @@ from torch import Tensor
 from pe_geometry.analysis import geometry as geo
 from pe_geometry.analysis.attention_split import positional_heads, split_shares
 from pe_geometry.analysis.checkpoints import SHIPPED, Loaded, Reader, describe, load
-from pe_geometry.analysis.nulls import null_summary, rotation_null
+from pe_geometry.analysis.nulls import holm, null_summary, rotation_null, sign_test
 from pe_geometry.analysis.position_attention import recorded_distance, recorded_shares, rotation_null_shares
 from pe_geometry.analysis.position_probe import position_probe
 from pe_geometry.analysis.probes import frequent_token_ids
@@ -139,6 +139,26 @@ def hidden_state_layers(reader: Reader, ids: Tensor, text: slice, n_permutations
 # ----------------------------------------------------------------------------- attention
 
 
+def rotation_summary(layers: list[dict], alpha: float = 0.05) -> dict | None:
+    """The rotation null read over every head of a model (None without a rotation): how many heads' shares sit below
+    the median of their own null and the sign test of that count (under the null each head is as likely above its
+    median as below: two-sided binomial p), the most telling single test for a model of many heads; and the heads
+    whose own p < ``alpha`` above and below (uncorrected: a per-head p is at least 2/(draws + 1)), and after Holm's
+    correction over all of them."""
+    heads = [n for row in layers for n in row.get("positional_share_null") or []]
+    if not heads:
+        return None
+    below = sum(n["share"] < n["share_null_median"] for n in heads)
+    adjusted = holm([n["share_p"] for n in heads])
+    return {"n_heads": len(heads), "below_null_median": below, "sign_test_p": sign_test(below, len(heads)),
+            "above_p05": sum(n["share_p"] < alpha and n["share_z"] > 0 for n in heads),
+            "below_p05": sum(n["share_p"] < alpha and n["share_z"] < 0 for n in heads),
+            "above_holm": sum(q < alpha and n["share_z"] > 0 for n, q in zip(heads, adjusted)),
+            "below_holm": sum(q < alpha and n["share_z"] < 0 for n, q in zip(heads, adjusted)),
+            "share_mean": statistics.fmean(n["share"] for n in heads),
+            "null_mean": statistics.fmean(n["share_null_mean"] for n in heads)}
+
+
 def heads_against_null(row: dict, alpha: float = 0.05) -> tuple[int, int]:
     """(heads above, heads below) the rotation null at two-sided p < alpha: a head that uses its rotation's
     position-sensitive (fast) pairs more than a random orientation would, or less (the slow, near-constant ones)."""
@@ -162,8 +182,9 @@ def attention_layers(reader: Reader, ids: Tensor, null_draws: int = 20, seed: in
             if recorded["rotate"] is not None:
                 draws = rotation_null_shares(recorded, recorded["visible"], recorded["rotate"], null_draws,
                                              seed + layer).numpy()
-                row["positional_share_null"] = [
-                    null_summary("share", s, draws[:, h]) for h, s in enumerate(row["positional_share"])]  # two-sided
+                row["positional_share_null"] = [  # two-sided p; the median: the sign test's reference
+                    null_summary("share", s, draws[:, h]) | {"share_null_median": float(np.median(draws[:, h]))}
+                    for h, s in enumerate(row["positional_share"])]
         else:
             row["positional_share"] = None
         out.append(row)
@@ -223,7 +244,7 @@ def analyse(
     n_frequent: int = 1000,
     seed: int = 0,
     probe_permutations: int = 100,
-    attention_null_draws: int = 20,
+    attention_null_draws: int = 100,
     n_windows: int = 32,
     seq_len: int = 64,
     loaded: Loaded | None = None,
@@ -272,6 +293,8 @@ def analyse(
     timings["hidden_s"] = time.perf_counter() - step
     step = time.perf_counter()
     results["attention_layers"] = attention_layers(reader, ids[:8], attention_null_draws, seed)
+    if (summary := rotation_summary(results["attention_layers"])) is not None:
+        results["rotation_null"] = summary
     timings["attention_s"] = time.perf_counter() - step
     demo = contextual_demo(reader, loaded.tokenizer) if not reader.family.causal else None
     if demo is not None:

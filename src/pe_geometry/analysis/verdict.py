@@ -46,7 +46,7 @@ with needs_extra("report", "the verdict"):
     from scipy import stats as scipy_stats
 
 from pe_geometry.analysis import metric_names as names
-from pe_geometry.analysis.nulls import REPORT_DRAWS
+from pe_geometry.analysis.nulls import REPORT_DRAWS, holm
 from pe_geometry.analysis.runs import Group, Run, n_layers_of, stats
 from pe_geometry.files import atomic_write_text
 
@@ -249,17 +249,6 @@ def group_verdict(group: Group, n_draws: int = REPORT_DRAWS, compute: bool = Tru
             "positional_share_end": stats([float(np.mean([b for _, b in s])) for s in shares if s]),
         }
     return out
-
-
-def holm(p_values: list[float]) -> list[float]:
-    """Holm's (1979) step-down adjusted p-values, in the order given: the i-th smallest of m p's times (m - i + 1),
-    made non-decreasing along that order (a test cannot pass where a smaller p failed) and capped at 1."""
-    m = len(p_values)
-    adjusted, running = [1.0] * m, 0.0
-    for rank, i in enumerate(sorted(range(m), key=lambda j: p_values[j])):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
 
 
 def correct_report(verdicts: list[dict]) -> list[dict]:

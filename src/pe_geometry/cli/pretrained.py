@@ -96,6 +96,12 @@ def print_report(r: dict) -> None:
     if "frequent_rows" in r:
         _print_input(r)
     _print_layers(r)
+    if "rotation_null" in r:
+        n = r["rotation_null"]
+        print(f"  rotation null over all {n['n_heads']} heads: {n['below_null_median']} below their null's median "
+              f"(sign test p {n['sign_test_p']:.2g}); mean share {n['share_mean']:.3f} vs null {n['null_mean']:.3f}; "
+              f"p < 0.05: {n['above_p05']} above, {n['below_p05']} below ({n['above_holm']} and {n['below_holm']} "
+              "after Holm over the heads)")
     if "contextual" in r:
         c = r["contextual"]
         print(f"\n== Contextual embeddings: {c['word']!r} (token {c['token_id']}) at positions {c['positions']}")
@@ -125,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n-frequent", type=int, default=1000, help="number of frequent tokens to measure")
     parser.add_argument("--probe-permutations", type=int, default=100,
                         help="null draws of the hidden-state position probe per layer (fewer: faster, coarser p-values)")
-    parser.add_argument("--attention-null-draws", type=int, default=20, help="rotation-null draws per layer (RoPE)")
+    parser.add_argument("--attention-null-draws", type=int, default=100,
+                        help="rotation-null draws per layer (RoPE; a head's p is at least 2/(draws + 1))")
     parser.add_argument("--windows", type=int, default=32, help="text windows read (the probe needs >= 5)")
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per window")
     parser.add_argument("--no-band", action="store_true",
