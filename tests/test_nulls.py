@@ -311,3 +311,31 @@ def test_geometry_callback_logs_nulls_probe_and_full_split_at_their_cadence():
     assert probe_key in callback.records[50]
     with pytest.raises(ValueError, match="position_probe_blocks=3 must be >= 5"):
         GeometryCallback(position_probe_blocks=3)
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 10), (3, 10), (5, 10), (7, 10), (40, 270), (229, 270), (135, 270), (0, 1)])
+def test_the_sign_test_is_scipys_exact_binomial_test(k, n):
+    stats = pytest.importorskip("scipy.stats")
+    assert nulls.sign_test(k, n) == pytest.approx(stats.binomtest(k, n, 0.5).pvalue, rel=1e-9, abs=1e-300)
+
+
+def test_the_sign_test_by_hand():
+    assert nulls.sign_test(0, 10) == 2 / 1024 and nulls.sign_test(5, 10) == 1.0 and nulls.sign_test(0, 0) == 1.0
+
+
+def test_rotation_summary_counts_heads_against_their_null():
+    pytest.importorskip("transformers")
+    from pe_geometry.analysis.pretrained import rotation_summary
+
+    def head(share, median, p, z):
+        return {"share": share, "share_null_median": median, "share_null_mean": median, "share_p": p, "share_z": z}
+
+    layers = [{"positional_share_null": [head(0.1, 0.5, 0.01, -3.0), head(0.2, 0.5, 0.2, -1.0)]},
+              {"positional_share_null": [head(0.9, 0.5, 0.01, 3.0), head(0.4, 0.5, 0.5, -0.5)]},
+              {"positional_share": None}]
+    s = rotation_summary(layers)
+    assert (s["n_heads"], s["below_null_median"], s["above_p05"], s["below_p05"]) == (4, 3, 1, 1)
+    assert s["sign_test_p"] == nulls.sign_test(3, 4) == 0.625
+    assert (s["above_holm"], s["below_holm"]) == (1, 1)  # Holm: 0.01 x 4 = 0.04 < 0.05, then 0.04 again
+    assert s["share_mean"] == pytest.approx(0.4) and s["null_mean"] == pytest.approx(0.5)
+    assert rotation_summary([{"positional_share": None}]) is None
