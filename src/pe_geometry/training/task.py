@@ -10,8 +10,10 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor
 
+from pe_geometry.data.tasks import answer_accuracy
 from pe_geometry.model.transformer import LanguageModel
 from pe_geometry.training.optimizer import OptimizerFactory, adamw_warmup_cosine
 
@@ -35,9 +37,26 @@ def first_non_finite_parameter(module: torch.nn.Module) -> str | None:
     return next((name for name, p in named if not p.isfinite().all()), None)
 
 
+def split_batch(batch: Tensor | tuple[Tensor, Tensor] | list[Tensor]) -> tuple[Tensor, Tensor | None]:
+    """(block, answer mask): a text datamodule serves blocks alone (mask None), data=task (blocks, answer masks)."""
+    if isinstance(batch, (tuple, list)):
+        block, answer_mask = batch
+        return block, answer_mask
+    return batch, None
+
+
+def answer_loss(model: LanguageModel, block: Tensor, answer_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Cross-entropy on the answer tokens only, and the logits: a decoder's next-token targets are ``block[:, 1:]``,
+    so ``answer_mask[:, 1:]`` says which of them are scored."""
+    logits, targets = model.logits_and_targets(block)
+    scored = answer_mask[:, 1:]
+    return F.cross_entropy(logits[scored].float(), targets[scored]), logits
+
+
 class LanguageModelTask(L.LightningModule):
-    """Trains ``model`` on its own ``loss(block)``; ``optimizer`` (configs/optimizer/, settings bound by Hydra)
-    builds the optimiser and LR schedule for a run of ``max_steps`` steps."""
+    """Trains ``model`` on its own ``loss(block)``, or on the answer tokens alone where the batches carry an answer
+    mask (data=task); ``optimizer`` (configs/optimizer/, settings bound by Hydra) builds the optimiser and LR schedule
+    for a run of ``max_steps`` steps."""
 
     def __init__(self, model: LanguageModel, optimizer: OptimizerFactory = adamw_warmup_cosine, max_steps: int = 1000) -> None:
         super().__init__()
@@ -63,8 +82,9 @@ class LanguageModelTask(L.LightningModule):
             seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
             torch.manual_seed(int(np.random.SeedSequence([seed, self.global_rank]).generate_state(1)[0]))  # CPU and accelerators
 
-    def training_step(self, block: Tensor, batch_idx: int) -> Tensor:
-        loss = self.model.loss(block)
+    def training_step(self, batch: Tensor | tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        block, answer_mask = split_batch(batch)
+        loss = self.model.loss(block) if answer_mask is None else answer_loss(self.model, block, answer_mask)[0]
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"training loss is {loss.item()} at step {self.global_step}; stopping. The last good "
@@ -85,14 +105,25 @@ class LanguageModelTask(L.LightningModule):
                 "The last good checkpoint is kept (checkpoints/last.ckpt); try a lower optimizer.lr or gradient clipping"
             )
 
-    def validation_step(self, block: Tensor, batch_idx: int) -> None:
+    def validation_step(self, batch: Tensor | tuple[Tensor, Tensor], batch_idx: int) -> None:
         # Validation's random draws (MLM masks) must not advance the training RNG: a run resumed
         # from a checkpoint saved just before a validation skips that validation (Lightning), and
         # would otherwise draw different training masks from then on than the uninterrupted run.
+        block, answer_mask = split_batch(batch)
         device = block.device
         with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
-            loss = self.model.loss(block)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+            if answer_mask is None:
+                loss = self.model.loss(block)
+            else:
+                loss, logits = answer_loss(self.model, block, answer_mask)
+        if answer_mask is None:
+            self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+            return
+        score = answer_accuracy(logits, block, answer_mask)
+        n_answer = int(score.n_answer.sum())
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=n_answer)  # (per answer token)
+        self.log("val/answer_accuracy", score.token_accuracy, sync_dist=True, batch_size=n_answer)
+        self.log("val/answer_exact_match", score.exact_match_rate, sync_dist=True, batch_size=len(block))
 
     def on_validation_epoch_end(self) -> None:
         loss = self.trainer.callback_metrics.get("val/loss")

@@ -12,13 +12,16 @@ from torch import Tensor
 from pe_geometry.model.transformer import LanguageModel
 
 
-def block_batch_size(block: Tensor) -> int:
+def block_batch_size(batch: Tensor | tuple[Tensor, Tensor]) -> int:
+    block = batch[0] if isinstance(batch, (tuple, list)) else batch  # data=task: (blocks, answer masks)
     return block.shape[0]
 
 
-def block_tokens(block: Tensor) -> int:
-    """Tokens trained on in a batch. Lightning adds this up per batch (its docstring says "per sample",
-    but its counter sums one value per batch), so it must be the whole batch's count."""
+def block_tokens(batch: Tensor | tuple[Tensor, Tensor]) -> int:
+    """Tokens read in a batch (data=task scores only its answers, but reads every token). Lightning adds this up per
+    batch (its docstring says "per sample", but its counter sums one value per batch), so it must be the whole batch's
+    count."""
+    block = batch[0] if isinstance(batch, (tuple, list)) else batch
     return block.shape[0] * (block.shape[1] - 1)  # a block of seq_len + 1 tokens trains on seq_len positions
 
 

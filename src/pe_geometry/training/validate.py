@@ -73,6 +73,21 @@ def check_attention(cfg: DictConfig) -> None:
         log.warning("attention=%s: %s", _option("attention", attention), line)
 
 
+def check_data(cfg: DictConfig) -> None:
+    """The tokenizer's vocabulary (a corpus), or the data class's own ``check_settings(model_objective, **settings)``
+    (data=task: the task fits ``data.seq_len``, the model is a decoder)."""
+    data = cfg.data
+    check = getattr(get_class(str(data._target_)), "check_settings", None)
+    try:
+        if "tokenizer" in data:
+            check_tokenizer_settings(data.tokenizer, int(data.vocab_size))
+        if check is not None:
+            objective = getattr(get_class(str(cfg.model._target_)), "objective", "")
+            check(objective, **{k: v for k, v in data.items() if not str(k).startswith("_")})
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def check_run_settings(cfg: DictConfig) -> None:
     """Checks that need more than one key, or the machine: beyond what the schema's types and ranges say."""
     interval = cfg.trainer.get("val_check_interval")
@@ -111,15 +126,12 @@ def check_config(cfg: DictConfig) -> None:
         check_schema(cfg, _choices())
     except SchemaError as err:
         raise ConfigError(str(err)) from None
-    m, data = cfg.model, cfg.data
+    m = cfg.model
     d_model, n_heads = int(m.d_model), int(m.n_heads)
     if d_model % n_heads:
         divisors = [h for h in range(1, min(d_model, 64) + 1) if d_model % h == 0]
         raise ConfigError(f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}; valid n_heads: {divisors}")
     check_positional_encoding(cfg)
     check_attention(cfg)
-    try:
-        check_tokenizer_settings(data.tokenizer, int(data.vocab_size))
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    check_data(cfg)
     check_run_settings(cfg)

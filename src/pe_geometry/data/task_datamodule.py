@@ -1,0 +1,191 @@
+"""data=task: a synthetic task (``data/tasks.py``) served as (block, answer mask) batches, generated on the fly.
+
+Training batch i is generated from a generator seeded by (``seed``, i) alone, so every family trained at a seed sees
+the same examples in the same order, a resumed run the batches the uninterrupted one would have seen, and a DDP rank
+r every ``world_size``-th of them from r. Validation is ``val_examples`` held-out examples (their own seed stream and,
+for the passkey, the held-out plays as filler), the same at every validation. The training task scores the answer
+tokens only (``training/task.py``) and logs ``val/answer_accuracy`` and ``val/answer_exact_match``.
+
+The tokenizer is a fixed word-level one over ``tasks.TASK_VOCAB``, one character a token (nothing is trained or
+cached), so the code that reads a datamodule's ``tokenizer`` and token ``streams`` (the geometry callback, the text
+sample) reads this one as it reads a corpus's; ``streams`` holds the first ``val_examples`` training examples and the
+validation examples, blocks end to end.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Any
+
+import lightning as L
+import numpy as np
+import torch
+from annotated_types import Ge, Interval
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from pe_geometry.data.tasks import SIZES, TASK_VOCAB, TASKS, Sizes, TaskBatch, TaskName, check_fits, make_batch, play_filler
+from pe_geometry.data.tokenizer import SPECIAL_TOKENS
+from pe_geometry.signatures import MAX_SEED
+
+SPLIT_STREAMS = {"train": 0, "validation": 1}  # each split draws from its own seed stream
+ENDLESS = 2**31 - 1  # training batches in an "epoch": generated as asked for, never repeated
+
+
+def task_tokenizer() -> Tokenizer:
+    """A word-level tokenizer over ``TASK_VOCAB``, one character a token; decoding joins them back."""
+    tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(TASK_VOCAB)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    return tokenizer
+
+
+def batch_seed(seed: int, split: str, index: int) -> int:
+    """The seed of batch ``index`` of ``split``: a hash of the three (not their sum: seed 1's batch 0 is not seed 0's batch 1)."""
+    return int(np.random.SeedSequence([seed, SPLIT_STREAMS[split], index]).generate_state(1)[0])
+
+
+class TaskBatches(Dataset):
+    """Batch ``index`` of a split, generated when asked for: (blocks (B, seq_len + 1), answer mask (B, seq_len + 1))."""
+
+    def __init__(self, length: int, split: str, **batch: Any) -> None:
+        self.length, self.split, self.batch = length, split, batch
+
+    def __len__(self) -> int:
+        return self.length
+
+    def generate(self, index: int) -> TaskBatch:
+        return make_batch(generator=batch_seed(self.batch["seed"], self.split, index),
+                          **{k: v for k, v in self.batch.items() if k != "seed"})
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        made = self.generate(index)
+        return made.blocks, made.answer_mask
+
+
+class FromBatch(Sampler[int]):
+    """Batch indices ``start * world_size + rank``, then every ``world_size``-th: this rank's share, from ``start`` on."""
+
+    def __init__(self, length: int, start: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        self.length, self.start, self.rank, self.world_size = length, start, rank, world_size
+
+    def __len__(self) -> int:
+        return len(range(self.start * self.world_size + self.rank, self.length, self.world_size))
+
+    def __iter__(self):
+        return iter(range(self.start * self.world_size + self.rank, self.length, self.world_size))
+
+
+def check_task_settings(task: str, seq_len: int, passkey_digits: int = 5, key_len: int = 2, sizes: str = "up_to") -> None:
+    """ValueError, worded in config keys, for a task name or sizes that do not exist or a task ``seq_len`` cannot hold."""
+    if task not in TASKS:
+        raise ValueError(f"data.task={task} must be one of {list(TASKS)}")
+    if sizes not in SIZES:
+        raise ValueError(f"data.sizes={sizes} must be one of {list(SIZES)}")
+    check_fits(task, seq_len, passkey_digits, key_len, prefix="data.")
+
+
+class TaskDataModule(L.LightningDataModule):
+    """Serves ``task`` as (blocks (B, seq_len + 1), answer mask (B, seq_len + 1)) batches; see the module docstring."""
+
+    def __init__(
+        self,
+        task: TaskName = "copy",
+        seq_len: Annotated[int, Ge(2)] = 128,
+        batch_size: Annotated[int, Ge(1)] = 32,
+        seed: Annotated[int, Interval(ge=0, le=MAX_SEED)] = 0,
+        sizes: Annotated[Sizes, "full: every example as large as data.seq_len holds; up_to: uniform from 1 to that"] = "up_to",
+        val_examples: Annotated[int, Ge(1), "a positive number of held-out examples"] = 512,
+        passkey_digits: Annotated[int, Ge(1), "a positive number of digits, for data.task=passkey"] = 5,
+        key_len: Annotated[int, Interval(ge=1, le=4), "letters per key, for data.task=associative_recall"] = 2,
+    ) -> None:
+        """``sizes``: of the training and validation examples (``tasks.largest_size``: the size that fills a block)."""
+        super().__init__()
+        check_task_settings(task, seq_len, passkey_digits, key_len, sizes)
+        self.task, self.seq_len, self.batch_size, self.seed, self.sizes = task, seq_len, batch_size, seed, sizes
+        self.val_examples, self.passkey_digits, self.key_len = val_examples, passkey_digits, key_len
+        self.tokenizer = task_tokenizer()
+        self._position = {"batches": 0}  # training batches this rank consumed
+        self._resume_from: dict[str, int] | None = None
+
+    @staticmethod
+    def check_settings(model_objective: str, task: str = "copy", seq_len: int = 128, passkey_digits: int = 5,
+                       key_len: int = 2, sizes: str = "up_to", **_: Any) -> None:
+        """ValueError for settings that cannot work together (``check_task_settings``), or with the model: the answers
+        are scored as next tokens, so the model must be a decoder (``model_objective``: its class's ``objective``)."""
+        check_task_settings(task, seq_len, passkey_digits, key_len, sizes)
+        if model_objective != "next-token":
+            raise ValueError(f"data=task scores answers as next tokens: it trains model=decoder, not a {model_objective} model")
+
+    # -- facts the model needs ---------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(TASK_VOCAB)
+
+    @property
+    def mask_token_id(self) -> int:
+        return TASK_VOCAB.index("<mask>")
+
+    def _batches(self, split: str, length: int) -> TaskBatches:
+        filler = play_filler(split) if self.task == "passkey" else None
+        return TaskBatches(length, split, task=self.task, batch_size=self.batch_size, seq_len=self.seq_len, seed=self.seed,
+                           sizes=self.sizes, passkey_digits=self.passkey_digits, key_len=self.key_len, filler=filler)
+
+    @functools.cached_property
+    def validation_batches(self) -> list[tuple[Tensor, Tensor]]:
+        """The held-out examples, generated once: the last batch trimmed to ``val_examples``."""
+        n = -(-self.val_examples // self.batch_size)
+        batches = [self._batches("validation", n)[i] for i in range(n)]
+        extra = n * self.batch_size - self.val_examples
+        if extra:
+            blocks, mask = batches[-1]
+            batches[-1] = (blocks[: len(blocks) - extra], mask[: len(mask) - extra])
+        return batches
+
+    @functools.cached_property
+    def streams(self) -> dict[str, np.ndarray]:
+        """Token streams for the code that reads them (frequent rows, probe blocks): the first ``val_examples`` training
+        examples and the validation examples, blocks end to end (``<eos>`` pads included)."""
+        n = -(-self.val_examples // self.batch_size)
+        train = torch.cat([self._batches("train", n)[i][0] for i in range(n)])[: self.val_examples]
+        validation = torch.cat([blocks for blocks, _ in self.validation_batches])
+        return {"train": train.reshape(-1).numpy().astype(np.uint8),
+                "validation": validation.reshape(-1).numpy().astype(np.uint8)}
+
+    def n_tokens(self, split: str) -> int:
+        """Tokens in ``streams[split]`` (training generates without end; this is the sample the analysis reads)."""
+        return int(len(self.streams[split]))
+
+    def prepare_data(self) -> None:
+        """Nothing to build: the task is generated."""
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.task == "passkey":
+            play_filler("train"), play_filler("validation")  # read the plays once, before the first batch
+
+    # -- loaders ------------------------------------------------------------------------------
+    def train_dataloader(self) -> DataLoader:
+        trainer = getattr(self, "trainer", None)
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        if self._resume_from is not None:
+            self._position, self._resume_from = dict(self._resume_from), None
+        sampler = FromBatch(ENDLESS, self._position["batches"], rank, world_size)
+        return DataLoader(self._batches("train", ENDLESS), batch_size=None, sampler=sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.validation_batches, batch_size=None)
+
+    # -- exact resume: how many training batches were consumed ----------------------------------
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.training:
+            self._position["batches"] += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self._position)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume_from = dict(state)
