@@ -673,13 +673,37 @@ def test_rerunning_the_resume_of_a_finished_run_keeps_its_final_rows(tmp_path, t
 
 
 # -- 10. Ctrl-C / SIGTERM resume as exactly as kill -9 --------------------------------------------------
+def interrupted_run_args(corpus: dict[str, Path]) -> list[str]:
+    return [*corpus_args(corpus), *RUN, "model=encoder", *(["~callbacks.geometry"] if HAS_GEOMETRY else [])]
+
+
+@pytest.fixture(scope="module")
+def straight_encoder_run(tmp_path_factory, tiny_corpus, cache_dir):
+    """The uninterrupted run test 10 compares with, for SIGINT and SIGTERM alike (the same arguments: one run, not two).
+    Started by the first test that asks, beside its interrupted run as before; ``finished()`` waits for it and checks
+    its exit code."""
+    run = tmp_path_factory.mktemp("straight") / "straight"
+    proc = start(run, interrupted_run_args(tiny_corpus), cache_dir)
+    result = []
+
+    def finished() -> Path:
+        if not result:
+            result.append(finish(proc))
+        assert result[0].returncode == 0, result[0].stderr[-3000:]
+        return run
+
+    yield finished
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 @pytest.mark.slow  # runs train.py in a subprocess
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupt_then_resume_matches_the_uninterrupted_run(sig, tmp_path, tiny_corpus, cache_dir):
+def test_interrupt_then_resume_matches_the_uninterrupted_run(sig, tmp_path, tiny_corpus, cache_dir, straight_encoder_run):
     """The checkpoint an interrupt saves has step, data position and RNG of one same moment: the resume is exact.
     (Geometry is off: it measures at the resume step, an extra row after an off-grid resume; see the doc.)"""
-    args = [*corpus_args(tiny_corpus), *RUN, "model=encoder", *(["~callbacks.geometry"] if HAS_GEOMETRY else [])]
-    straight = start(tmp_path / "straight", args, cache_dir)
+    args = interrupted_run_args(tiny_corpus)
     run = tmp_path / "stopped"
     stopped = start(run, args, cache_dir)
     wait_until(lambda: max(logged_steps(run), default=-1) >= 24, stopped, "step 24")
@@ -694,12 +718,12 @@ def test_interrupt_then_resume_matches_the_uninterrupted_run(sig, tmp_path, tiny
     assert position["epoch"] * n_batches + position["batches"] == last["global_step"]  # the data position agrees with the step
     resumed = finish(start(tmp_path / "resumed", [*args, f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], cache_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert finish(straight).returncode == 0
-    assert_same_series(read_run_rows(run), read_run_rows(tmp_path / "straight"))
-    a, b = load_ckpt(run / "checkpoints" / "last.ckpt"), load_ckpt(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    straight = straight_encoder_run()
+    assert_same_series(read_run_rows(run), read_run_rows(straight))
+    a, b = load_ckpt(run / "checkpoints" / "last.ckpt"), load_ckpt(straight / "checkpoints" / "last.ckpt")
     for name, tensor in b["state_dict"].items():
         assert torch.equal(a["state_dict"][name], tensor), f"{name} differs after the resume"
-    assert not temp_files(tmp_path)
+    assert not temp_files(tmp_path, straight)
 
 
 # -- 11. a sweep goes on past a failed job ----------------------------------------------------------------

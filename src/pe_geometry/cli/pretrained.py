@@ -143,7 +143,14 @@ def main(argv: list[str] | None = None) -> dict:
     settings = {"n_frequent": args.n_frequent, "probe_permutations": args.probe_permutations,
                 "attention_null_draws": args.attention_null_draws, "n_windows": args.windows, "seq_len": args.seq_len}
     with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
+        import torch
+
         from pe_geometry.analysis.checkpoints import load
+        from pe_geometry.training.threads import choose_threads
+
+        threads, why = choose_threads(torch.get_num_threads())  # as pe-train: the cores idle now, unless told
+        torch.set_num_threads(threads)
+        print(f"torch threads: {threads} ({why})", flush=True)
         from pe_geometry.analysis.pretrained import analyse
 
         if args.series:
