@@ -11,6 +11,7 @@ The loaders and per-architecture adapters live in analysis/checkpoints.py, the m
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
@@ -108,8 +109,9 @@ def print_report(r: dict) -> None:
         print(f"  block 0 input: cos river vs money {c['cos_layer0_input_river_money']:.4f}; output: river vs money "
               f"{c['cos_output_river_money']:.4f}, river vs river_2 {c['cos_output_river_river_2']:.4f}")
     t = r["timings"]
+    band = f", then the quantisation band {t['band_s']:.0f} s" if "band_s" in t else ""
     print(f"\n  time: {t['total_s']:.0f} s (load {t['load_s']:.0f} s, hidden states {t['hidden_s']:.0f} s, "
-          f"attention {t['attention_s']:.0f} s)")
+          f"attention {t['attention_s']:.0f} s){band}")
 
 
 def print_series(s: dict) -> None:
@@ -164,15 +166,20 @@ def main(argv: list[str] | None = None) -> dict:
             print_series(results)
             _write_json(args.json, results)
             return results
+        start = time.perf_counter()
         try:  # a wrong path, an unsupported architecture, an unreadable file: one line
             loaded = load(args.model_dir or args.model)
         except (OSError, ValueError) as err:
             raise SystemExit(f"error: {err}") from None
+        loading = time.perf_counter() - start
         results = analyse(loaded=loaded, **settings)
+        results["timings"] |= {"load_s": loading, "total_s": results["timings"]["total_s"] + loading}
         if loaded.quantisation and not args.no_band:  # a 4-bit file: how far that moves each kind of figure
             from pe_geometry.analysis.pretrained import quantisation_band
 
+            step = time.perf_counter()
             results["quantisation_band"] = quantisation_band(loaded.quantisation, **settings)["by_kind"]
+            results["timings"]["band_s"] = time.perf_counter() - step
     print_report(results)
     _write_json(args.json, results)
     return results

@@ -172,10 +172,15 @@ class TaskDataModule(L.LightningDataModule):
         if self._resume_from is not None:
             self._position, self._resume_from = dict(self._resume_from), None
         sampler = FromBatch(ENDLESS, self._position["batches"], rank, world_size)
-        return DataLoader(self._batches("train", ENDLESS), batch_size=None, sampler=sampler)
+        return DataLoader(self._batches("train", ENDLESS), batch_size=None, sampler=sampler, generator=self._loader_generator())
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.validation_batches, batch_size=None)
+        return DataLoader(self.validation_batches, batch_size=None, generator=self._loader_generator())
+
+    def _loader_generator(self) -> torch.Generator:
+        """A loader's own generator: otherwise each new iterator draws a seed from the global RNG, and a resumed run's
+        global draws (dropout, ``pe.randomize_positions``) would be one draw off the uninterrupted run's."""
+        return torch.Generator().manual_seed(self.seed)
 
     # -- exact resume: how many training batches were consumed ----------------------------------
     def on_before_batch_transfer(self, batch, dataloader_idx: int):

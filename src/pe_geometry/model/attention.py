@@ -332,9 +332,14 @@ class MultiHeadAttention(nn.Module):
         return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
 
     def forward(
-        self, x: Tensor, context: Tensor | None = None, causal: bool = False, cache: KVCache | None = None
+        self, x: Tensor, context: Tensor | None = None, causal: bool = False, cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
-        """x (B, T, D) -> (B, T, D). With ``cache``, x holds only the tokens after ``cache.length``."""
+        """x (B, T, D) -> (B, T, D). With ``cache``, x holds only the tokens after ``cache.length``. ``positions``
+        (B, T): where each sequence's tokens sit (randomised positions, a full pass), handed to the encoding's hooks."""
+        if positions is not None and (cache is not None or context is not None):
+            raise ValueError("drawn positions are for a full self-attention pass, not a cached or cross-attention one")
+        at = {} if positions is None else {"positions": positions}  # only encodings that take them are handed them
         B, T, C = x.shape
         q = self._queries(x)  # (B, H, T, dh)
         bias, window = None, None
@@ -347,13 +352,13 @@ class MultiHeadAttention(nn.Module):
             start = cache.length if cache is not None else 0
             k, v = self._keys_values(x)  # (B, Hkv, T, dh)
             q_pre, k_pre = q, k
-            q, k = self.pe.rotate_qk(q, k, start)
+            q, k = self.pe.rotate_qk(q, k, start, **at)
             window = self.window
             if cache is not None:  # the cached keys and these, (B, Hkv, S, dh); the next query sees its own and window - 1
                 k, v = cache.append(self, k, v, keep=None if window is None else window - 1)
             S = k.shape[2]
             first = start + T - S  # the first key's position: > 0 once a window has dropped the oldest keys
-            bias = self.pe.score_bias(T, start + T, start)  # (H, T, start + T) or None
+            bias = self.pe.score_bias(T, start + T, start, **at)  # (H, T, start + T), (B, H, T, T) or None
             if bias is not None and first:
                 bias = bias[..., first:]
             contextual = self._contextual_bias(q, k, start, causal)  # (B, H, T, S) or None: CoPE

@@ -31,6 +31,14 @@ with the final word embedding: an encoding whose table depends on the embedding
 (a table inside its principal subspace, a table at the word norm) sets it there.
 ``check_settings`` refuses settings that cannot work (one line naming the key);
 ``settings_warnings`` returns the lines to warn with when a setting works but does not fit the run.
+
+Randomised positions (Ruoss et al. 2023), ``randomize_positions=N``: while training, each sequence of a batch reads
+its T tokens at a sorted random subset of T distinct positions of [0, N) (``draw_positions``, from torch's global
+generator, which a checkpoint saves), so a model trained at length T has seen position ids up to N; in eval mode
+(and in cached decoding) the positions are the plain 0 .. T-1. The stack draws them once per forward and hands
+them to every hook as ``positions`` (B, T): the input term of each drawn position (B, T, D), RoPE's angle
+pos_t * theta_i, and for the score biases the differences of the drawn ids (B, H, T, T). Every family that reads
+position ids takes it (``takes_position_ids``); NoPE (none) and CoPE (counts of gated keys) refuse it.
 """
 
 from __future__ import annotations
@@ -52,6 +60,19 @@ MAX_LEARNED_POSITIONS = 1 << 20
 # The annotations below are the config's schema (pe_geometry.signatures): type, range and doc of each key.
 Positions = Annotated[int, Interval(ge=1, le=MAX_LEARNED_POSITIONS)]
 Base = Annotated[float, Gt(1)]
+RandomizedPositions = Annotated[int | None, Ge(0), "positions drawn from in training; 0: off", "null for off"]
+# The pe= options whose class reads position ids, so takes ``randomize_positions`` (tests hold it to the classes).
+RANDOMIZABLE_FAMILIES = ("sinusoidal", "learned", "rope", "xpos", "alibi", "t5_bias", "fire", "kerple")
+
+
+def random_positions(batch_size: int, seq_len: int, n_positions: int, device: torch.device | None = None) -> Tensor:
+    """(B, T) long: each row a sorted uniform random subset of T distinct positions of [0, ``n_positions``), drawn
+    from torch's global generator (a uniform random permutation of [0, N) per row, its first T kept, sorted)."""
+    if seq_len > n_positions:
+        raise ValueError(f"a block of {seq_len} tokens cannot take {seq_len} distinct positions of [0, {n_positions}): "
+                         f"pe.randomize_positions={n_positions} must be at least data.seq_len")
+    order = torch.rand(batch_size, n_positions, device=device).argsort(dim=1)
+    return order[:, :seq_len].sort(dim=1).values
 
 
 class PositionalEncoding(nn.Module):
@@ -59,11 +80,15 @@ class PositionalEncoding(nn.Module):
 
     causal: bool = False  # set by the stack that owns the encoding (a decoder's: True)
     shuffle: bool = False  # True: each sequence reads the input term's rows in its own random order (a control)
+    takes_position_ids: bool = False  # True: its hooks read ``positions``, so it takes ``randomize_positions``
+    no_position_ids = "it reads no position ids"  # why not, in the refusal's words
 
-    def __init__(self, d_model: int, n_heads: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, randomize_positions: RandomizedPositions = None) -> None:
         super().__init__()
         self.d_model = d_model
         self.n_heads = n_heads
+        _refuse_randomized_positions(type(self), randomize_positions)
+        self.randomize_positions = randomize_positions or None  # N, or None: plain positions
 
     @classmethod
     def check_settings(cls, d_model: int, n_heads: int, seq_len: int, **settings) -> None:
@@ -71,6 +96,22 @@ class PositionalEncoding(nn.Module):
 
         ``settings`` are the encoding's own config keys (``max_len``, ``base``, ...); the base accepts anything.
         """
+
+    @classmethod
+    def check_position_ids(cls, seq_len: int, randomize_positions: int | None = None, **settings) -> None:
+        """Raise ValueError (one line) if ``randomize_positions`` cannot work: an encoding that reads no position ids,
+        or fewer positions than a block has tokens (each block draws ``seq_len`` distinct ones)."""
+        _refuse_randomized_positions(cls, randomize_positions)
+        if randomize_positions and randomize_positions < seq_len:
+            raise ValueError(f"pe.randomize_positions={randomize_positions} must be at least data.seq_len={seq_len}: "
+                             f"each block draws data.seq_len distinct positions of [0, pe.randomize_positions)")
+
+    def draw_positions(self, batch_size: int, seq_len: int, device: torch.device | None = None) -> Tensor | None:
+        """The position ids of a full pass: (B, T) drawn by ``random_positions`` while training with
+        ``randomize_positions``, else None (the plain 0 .. T-1, which every hook computes by itself)."""
+        if not (self.training and self.randomize_positions):
+            return None
+        return random_positions(batch_size, seq_len, self.randomize_positions, device)
 
     @classmethod
     def settings_warnings(
@@ -82,13 +123,17 @@ class PositionalEncoding(nn.Module):
     def finish_init(self, embedding: TokenEmbedding) -> None:
         """Called once after the model's weight init (E is final, tied or not); the default does nothing."""
 
-    def input_term(self, seq_len: int, start_pos: int = 0) -> Tensor | None:
+    # ``positions`` (B, T) long, given only with randomised positions (a full pass: queries and keys are the same T
+    # tokens): where each sequence's tokens sit, instead of start_pos + 0 .. T-1; the term is then per sequence.
+    def input_term(self, seq_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor | None:
+        """(T, D), or (B, T, D) with ``positions``; None when nothing is added to the input."""
         return None
 
-    def rotate_qk(self, q: Tensor, k: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor]:
+    def rotate_qk(self, q: Tensor, k: Tensor, start_pos: int = 0, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return q, k
 
-    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor | None:
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor | None:
+        """(H, Tq, Tk), or (B, H, T, T) with ``positions``; None when no bias is added."""
         return None
 
     def qk_bias(self, q: Tensor, k: Tensor, start_pos: int = 0, causal: bool = False) -> Tensor | None:
@@ -114,8 +159,18 @@ class PositionalEncoding(nn.Module):
         return None
 
 
+def _refuse_randomized_positions(cls: type, randomize_positions: int | None) -> None:
+    """ValueError (one line naming the families that take it) for ``randomize_positions`` on an encoding without ids."""
+    if randomize_positions and not cls.takes_position_ids:
+        raise ValueError(f"pe.randomize_positions={randomize_positions} draws position ids, and {cls.__name__} has none "
+                         f"({cls.no_position_ids}); the families that take it: "
+                         f"pe={', '.join(RANDOMIZABLE_FAMILIES)}")
+
+
 class NoPE(PositionalEncoding):
     """No positional information at all (Kazemnejad et al. 2023)."""
+
+    no_position_ids = "no positional encoding"
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -146,9 +201,12 @@ class SinusoidalPE(PositionalEncoding):
     at d_model 64). Both are fixed once at init, so rows added later get the same shift and factor.
     """
 
+    takes_position_ids = True
+
     def __init__(self, d_model: int, n_heads: int, max_len: Positions = 512,
-                 scale: Literal[SINUSOIDAL_SCALES] = "none", center: bool = False) -> None:
-        super().__init__(d_model, n_heads)
+                 scale: Literal[SINUSOIDAL_SCALES] = "none", center: bool = False,
+                 randomize_positions: RandomizedPositions = None) -> None:
+        super().__init__(d_model, n_heads, randomize_positions)
         if scale not in SINUSOIDAL_SCALES:
             raise ValueError(f"pe.scale={scale!r}; valid: {list(SINUSOIDAL_SCALES)}")
         self.scale, self.center = scale, center
@@ -175,11 +233,14 @@ class SinusoidalPE(PositionalEncoding):
         table = sinusoidal_table(n_positions, self.d_model).to(self.offset.device) - self.offset
         return table * (self.factor if factor is None else factor)
 
-    def input_term(self, seq_len: int, start_pos: int = 0) -> Tensor:
-        end = start_pos + seq_len
+    def input_term(self, seq_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
+        if positions is None:
+            end = start_pos + seq_len
+        else:  # the rows positions can reach (read from the option where set: a meta-device trace has no values)
+            end = self.randomize_positions or int(positions.max()) + 1
         if end > self.table.shape[0]:
             self.table = self._make_table(end)
-        return self.table[start_pos:end]
+        return self.table[start_pos:end] if positions is None else self.table[positions]
 
     @property
     def position_table(self) -> Tensor:
@@ -203,6 +264,8 @@ class LearnedPE(PositionalEncoding):
     reproducible: it is a control arm, not a model to sample from.
     """
 
+    takes_position_ids = True
+
     def __init__(
         self, d_model: int, n_heads: int,
         max_len: Annotated[Positions, "rows of the learned table"] = 512,
@@ -210,9 +273,11 @@ class LearnedPE(PositionalEncoding):
         init_k: Annotated[int, Ge(1)] = 8,
         freeze: bool = False,  # the table is not trained (stays at its init; a control)
         shuffle: bool = False,  # each sequence reads the rows in a random order (a control)
+        randomize_positions: RandomizedPositions = None,
     ) -> None:
-        super().__init__(d_model, n_heads)
+        super().__init__(d_model, n_heads, randomize_positions)
         self.check_settings(d_model, n_heads, seq_len=0, max_len=max_len, init=init, init_k=init_k)
+        self.check_position_ids(0, randomize_positions, max_len=max_len, shuffle=shuffle)
         self.max_len, self.init, self.init_k, self.shuffle = max_len, init, init_k, shuffle
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * INIT_STD, requires_grad=not freeze)
 
@@ -240,7 +305,21 @@ class LearnedPE(PositionalEncoding):
                 "raise pe.max_len or shorten data.seq_len"
             )
 
-    def input_term(self, seq_len: int, start_pos: int = 0) -> Tensor:
+    @classmethod
+    def check_position_ids(cls, seq_len: int, randomize_positions: int | None = None, max_len: int = 512,
+                           shuffle: bool = False, **settings) -> None:
+        super().check_position_ids(seq_len, randomize_positions)
+        if randomize_positions and randomize_positions > max_len:
+            raise ValueError(f"pe.randomize_positions={randomize_positions} is past the learned position table "
+                             f"(pe.max_len={max_len}): positions are drawn from [0, pe.randomize_positions); raise "
+                             "pe.max_len or lower pe.randomize_positions")
+        if randomize_positions and shuffle:
+            raise ValueError(f"pe.randomize_positions={randomize_positions} with pe.shuffle=true: the shuffle control "
+                             "already reads the rows in a random order; choose one")
+
+    def input_term(self, seq_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
+        if positions is not None:  # drawn below pe.randomize_positions <= max_len (check_position_ids)
+            return self.weight[positions]
         end = start_pos + seq_len
         if end > self.max_len:
             raise ValueError(
@@ -310,6 +389,8 @@ class RotaryPE(PositionalEncoding):
     Angles are computed in float64 and applied in the activations' dtype (float32 tables cast once).
     """
 
+    takes_position_ids = True
+
     def __init__(
         self,
         d_model: int,
@@ -321,8 +402,9 @@ class RotaryPE(PositionalEncoding):
         yarn_alpha: Annotated[float | None, Ge(0), "null for the rescaled default"] = None,
         yarn_beta: Annotated[float | None, Gt(0), "null for the rescaled default"] = None,
         yarn_attention_factor: Annotated[float | None, Gt(0), "null for 0.1 ln(s) + 1"] = None,
+        randomize_positions: RandomizedPositions = None,
     ) -> None:
-        super().__init__(d_model, n_heads)
+        super().__init__(d_model, n_heads, randomize_positions)
         RotaryPE.check_settings(  # RoPE's own keys (a subclass checks its own)
             d_model, n_heads, seq_len=0, base=base, scaling=scaling, scaling_factor=scaling_factor,
             training_length=training_length, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
@@ -397,15 +479,23 @@ class RotaryPE(PositionalEncoding):
         _, _, _, cos, sin = self._cache
         return cos[:seq_len], sin[:seq_len]
 
-    def _magnitude(self, start_pos: int, seq_len: int, device: torch.device, key: bool) -> Tensor | float:
-        """What each pair is multiplied by besides the rotation: (T, dh/2) float32, or a number (1: nothing)."""
+    def _magnitude(self, start_pos: int, seq_len: int, device: torch.device, key: bool,
+                   positions: Tensor | None = None) -> Tensor | float:
+        """What each pair is multiplied by besides the rotation: (T, dh/2) float32 ((B, 1, T, dh/2) for ``positions``
+        (B, 1, T)), or a number (1: nothing)."""
         return self.attention_factor
 
-    def rotate(self, x: Tensor, start_pos: int = 0, key: bool = False) -> Tensor:
-        """Rotate x (..., T, dh) pairwise by its position ``start_pos + t`` (``key``: x holds keys, not queries)."""
-        end = start_pos + x.shape[-2]
-        cos, sin = (t[start_pos:] for t in self._cos_sin(end, x.device))
-        magnitude = self._magnitude(start_pos, x.shape[-2], x.device, key)
+    def rotate(self, x: Tensor, start_pos: int = 0, key: bool = False, positions: Tensor | None = None) -> Tensor:
+        """Rotate x (..., T, dh) pairwise by its position ``start_pos + t`` (``key``: x holds keys, not queries), or
+        x (B, H, T, dh) by ``positions`` (B, T): token t of sequence b by the angle positions[b, t] * theta_i."""
+        if positions is None:
+            end = start_pos + x.shape[-2]
+            cos, sin = (t[start_pos:] for t in self._cos_sin(end, x.device))
+        else:  # the same float32 product as _cos_sin's table, per sequence
+            positions = positions.to(device=x.device, dtype=torch.float32)[:, None, :]  # (B, 1, T)
+            angles = positions[..., None] * self.frequencies(x.shape[-2]).to(x.device).float()  # (B, 1, T, dh/2)
+            cos, sin = angles.cos(), angles.sin()
+        magnitude = self._magnitude(start_pos, x.shape[-2], x.device, key, positions)
         if not (isinstance(magnitude, float) and magnitude == 1.0):
             cos, sin = cos * magnitude, sin * magnitude  # in float32, then cast: a 16-bit factor could overflow first
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # q, k, v keep one dtype
@@ -413,8 +503,8 @@ class RotaryPE(PositionalEncoding):
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return rotated.flatten(-2)
 
-    def rotate_qk(self, q: Tensor, k: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor]:
-        return self.rotate(q, start_pos), self.rotate(k, start_pos, key=True)
+    def rotate_qk(self, q: Tensor, k: Tensor, start_pos: int = 0, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return self.rotate(q, start_pos, positions=positions), self.rotate(k, start_pos, key=True, positions=positions)
 
 
 class XPosPE(RotaryPE):
@@ -436,9 +526,10 @@ class XPosPE(RotaryPE):
         self, d_model: int, n_heads: int, base: Base = 10000.0, gamma: Annotated[float, Gt(0)] = 0.4,
         scale_base: Annotated[float, Gt(0), "tokens"] = 512.0,
         training_length: Annotated[int, Ge(1), "the length trained at"] = 512,
+        randomize_positions: RandomizedPositions = None,
     ) -> None:
         self.check_settings(d_model, n_heads, seq_len=0, gamma=gamma, scale_base=scale_base, training_length=training_length)
-        super().__init__(d_model, n_heads, base=base)
+        super().__init__(d_model, n_heads, base=base, randomize_positions=randomize_positions)
         self.gamma, self.scale_base, self.center = gamma, float(scale_base), training_length // 2
         self.training_length = training_length
         fractions = torch.arange(0, self.d_head, 2, dtype=torch.float64) / self.d_head
@@ -474,10 +565,12 @@ class XPosPE(RotaryPE):
                 f"past position {int(center + reach)}, shorter than 16x data.seq_len={seq_len}; raise pe.scale_base "
                 "or use bf16"]
 
-    def _magnitude(self, start_pos: int, seq_len: int, device: torch.device, key: bool) -> Tensor:
-        positions = torch.arange(start_pos, start_pos + seq_len, device=device, dtype=torch.float32)
-        power = (positions - self.center) / self.scale_base * (-1.0 if key else 1.0)  # (T,)
-        return self.zeta.float().to(device) ** power[:, None]  # (T, dh/2)
+    def _magnitude(self, start_pos: int, seq_len: int, device: torch.device, key: bool,
+                   positions: Tensor | None = None) -> Tensor:
+        if positions is None:
+            positions = torch.arange(start_pos, start_pos + seq_len, device=device, dtype=torch.float32)
+        power = (positions - self.center) / self.scale_base * (-1.0 if key else 1.0)  # (T,) or (B, 1, T)
+        return self.zeta.float().to(device) ** power[..., None]  # (T, dh/2) or (B, 1, T, dh/2)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -506,22 +599,28 @@ class ALiBiPE(PositionalEncoding):
     the absolute distance makes the same module usable bidirectionally.
     """
 
-    def __init__(self, d_model: int, n_heads: int) -> None:
-        super().__init__(d_model, n_heads)
+    takes_position_ids = True
+
+    def __init__(self, d_model: int, n_heads: int, randomize_positions: RandomizedPositions = None) -> None:
+        super().__init__(d_model, n_heads, randomize_positions)
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
-    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor:
-        q_pos = torch.arange(start_pos, start_pos + q_len, device=self.slopes.device)[:, None]
-        k_pos = torch.arange(k_len, device=self.slopes.device)[None, :]
-        distance = (q_pos - k_pos).abs().float()  # (Tq, Tk)
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
+        q_pos, k_pos = _positions(start_pos, q_len, k_len, self.slopes.device, positions)
+        distance = (q_pos - k_pos).abs().unsqueeze(-3)  # (1, Tq, Tk) or (B, 1, T, T)
         return -self.slopes.float()[:, None, None] * distance  # (H, Tq, Tk), float32: attention casts it to its scores' dtype
 
 
-def _positions(start_pos: int, q_len: int, k_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Query positions (Tq, 1) and key positions (1, Tk), float32: the queries are ``start_pos ..`` and the keys
-    every position from 0 (a cache holds the earlier ones)."""
-    q_pos = torch.arange(start_pos, start_pos + q_len, device=device, dtype=torch.float32)[:, None]
-    k_pos = torch.arange(k_len, device=device, dtype=torch.float32)[None, :]
+def _positions(start_pos: int, q_len: int, k_len: int, device: torch.device, positions: Tensor | None = None,
+               dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """Query positions (Tq, 1) and key positions (1, Tk): the queries are ``start_pos ..`` and the keys every position
+    from 0 (a cache holds the earlier ones); with ``positions`` (B, T) (a full pass at drawn positions), (B, T, 1) and
+    (B, 1, T), so a bias of their differences is per sequence."""
+    if positions is not None:
+        positions = positions.to(device=device, dtype=dtype)
+        return positions[:, :, None], positions[:, None, :]
+    q_pos = torch.arange(start_pos, start_pos + q_len, device=device, dtype=dtype)[:, None]
+    k_pos = torch.arange(k_len, device=device, dtype=dtype)[None, :]
     return q_pos, k_pos
 
 
@@ -558,9 +657,12 @@ class T5BiasPE(PositionalEncoding):
     other embeddings, N(0, 0.02^2).
     """
 
+    takes_position_ids = True
+
     def __init__(self, d_model: int, n_heads: int, num_buckets: Annotated[int, Ge(4)] = 32,
-                 max_distance: Annotated[int, Ge(2), "tokens"] = 128) -> None:
-        super().__init__(d_model, n_heads)
+                 max_distance: Annotated[int, Ge(2), "tokens"] = 128,
+                 randomize_positions: RandomizedPositions = None) -> None:
+        super().__init__(d_model, n_heads, randomize_positions)
         self.check_settings(d_model, n_heads, seq_len=0, num_buckets=num_buckets, max_distance=max_distance)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)  # (buckets, H)
@@ -594,12 +696,11 @@ class T5BiasPE(PositionalEncoding):
                 f"{unreached['decoder']} causal (decoder) and {unreached['encoder']} bidirectional (encoder) buckets are "
                 "never reached in training; they keep their initial values when a longer text reaches them"]
 
-    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor:
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
         device = self.relative_attention_bias.weight.device
-        q_pos = torch.arange(start_pos, start_pos + q_len, device=device)[:, None]
-        k_pos = torch.arange(k_len, device=device)[None, :]
-        bucket = t5_bucket(k_pos - q_pos, self.causal, self.num_buckets, self.max_distance)  # (Tq, Tk)
-        return self.relative_attention_bias(bucket).permute(2, 0, 1)  # (H, Tq, Tk)
+        q_pos, k_pos = _positions(start_pos, q_len, k_len, device, positions, dtype=torch.long)
+        bucket = t5_bucket(k_pos - q_pos, self.causal, self.num_buckets, self.max_distance)  # (Tq, Tk) or (B, T, T)
+        return self.relative_attention_bias(bucket).movedim(-1, -3)  # (H, Tq, Tk) or (B, H, T, T)
 
 
 class FirePE(PositionalEncoding):
@@ -615,12 +716,13 @@ class FirePE(PositionalEncoding):
     """
 
     eps = 1e-6
+    takes_position_ids = True
 
     def __init__(
         self, d_model: int, n_heads: int, mlp_width: Annotated[int, Ge(1)] = 32, init_c: Annotated[float, Gt(0)] = 0.1,
-        init_threshold: Annotated[float, Ge(1), "tokens"] = 512.0,
+        init_threshold: Annotated[float, Ge(1), "tokens"] = 512.0, randomize_positions: RandomizedPositions = None,
     ) -> None:
-        super().__init__(d_model, n_heads)
+        super().__init__(d_model, n_heads, randomize_positions)
         self.check_settings(d_model, n_heads, seq_len=0, mlp_width=mlp_width, init_c=init_c, init_threshold=init_threshold)
         self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, n_heads))
         self.c = nn.Parameter(torch.tensor(float(init_c)))
@@ -658,17 +760,17 @@ class FirePE(PositionalEncoding):
         """L, the learned threshold (a 0-d tensor)."""
         return (self.threshold_multiplier * self.init_threshold).abs()
 
-    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor:
-        q_pos, k_pos = _positions(start_pos, q_len, k_len, self.c.device)
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
+        q_pos, k_pos = _positions(start_pos, q_len, k_len, self.c.device, positions)
         c = self.c.float()
 
         def psi(x: Tensor) -> Tensor:
             return torch.log(torch.abs(c * x) + 1)
 
-        normaliser = psi(torch.maximum(q_pos, self.threshold.float())) + self.eps  # (Tq, 1)
+        normaliser = psi(torch.maximum(q_pos, self.threshold.float())) + self.eps  # (Tq, 1) or (B, T, 1)
         distance = psi((q_pos - k_pos).abs()) / normaliser  # (Tq, Tk), in [0, ~1] within the threshold
         weight = self.mlp[0].weight
-        return self.mlp(distance[..., None].to(weight.dtype)).permute(2, 0, 1)  # (H, Tq, Tk)
+        return self.mlp(distance[..., None].to(weight.dtype)).movedim(-1, -3)  # (H, Tq, Tk) or (B, H, T, T)
 
 
 KERPLE_FLOOR = 0.01
@@ -683,8 +785,10 @@ class KerplePE(PositionalEncoding):
     |i - j| on both sides. One r1, r2 per head for the whole stack (the paper has one per layer).
     """
 
-    def __init__(self, d_model: int, n_heads: int) -> None:
-        super().__init__(d_model, n_heads)
+    takes_position_ids = True
+
+    def __init__(self, d_model: int, n_heads: int, randomize_positions: RandomizedPositions = None) -> None:
+        super().__init__(d_model, n_heads, randomize_positions)
         r1 = (torch.rand(n_heads) * 2).clamp(min=KERPLE_FLOOR + 1e-3)
         r2 = torch.rand(n_heads).clamp(min=KERPLE_FLOOR + 1e-3)
         self.r1_raw = nn.Parameter(self._inverse(r1))
@@ -702,9 +806,9 @@ class KerplePE(PositionalEncoding):
     def r2(self) -> Tensor:
         return KERPLE_FLOOR + F.softplus(self.r2_raw.float())
 
-    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0) -> Tensor:
-        q_pos, k_pos = _positions(start_pos, q_len, k_len, self.r1_raw.device)
-        distance = (q_pos - k_pos).abs()  # (Tq, Tk)
+    def score_bias(self, q_len: int, k_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
+        q_pos, k_pos = _positions(start_pos, q_len, k_len, self.r1_raw.device, positions)
+        distance = (q_pos - k_pos).abs().unsqueeze(-3)  # (1, Tq, Tk) or (B, 1, T, T)
         return -self.r1[:, None, None] * torch.log1p(self.r2[:, None, None] * distance)  # (H, Tq, Tk), float32
 
 
@@ -723,8 +827,11 @@ class CoPE(PositionalEncoding):
     position vectors. One table (two in an encoder) per stack, shared by its layers (the paper has one per layer).
     """
 
-    def __init__(self, d_model: int, n_heads: int, p_max: Annotated[int, Ge(2)] = 16) -> None:
-        super().__init__(d_model, n_heads)
+    no_position_ids = "its positions are counts of the keys a query's gates open"
+
+    def __init__(self, d_model: int, n_heads: int, p_max: Annotated[int, Ge(2)] = 16,
+                 randomize_positions: RandomizedPositions = None) -> None:  # refused: its positions are counts
+        super().__init__(d_model, n_heads, randomize_positions)
         self.check_settings(d_model, n_heads, seq_len=0, p_max=p_max)
         self.p_max, self.d_head = p_max, d_model // n_heads
         self.pos_emb = nn.Parameter(torch.zeros(p_max, self.d_head))

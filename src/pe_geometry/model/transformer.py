@@ -108,9 +108,12 @@ class Block(nn.Module):
         return ln(x + self.dropout(fn(x)))
 
     def forward(
-        self, x: Tensor, causal: bool = False, context: Tensor | None = None, cache: KVCache | None = None
+        self, x: Tensor, causal: bool = False, context: Tensor | None = None, cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
-        x = self._sublayer(x, self.ln_attn, lambda h: self.attn(h, causal=causal, cache=cache))
+        """``positions``: (B, T) drawn position ids for the self-attention's hooks (randomised positions), or None."""
+        extra = {} if positions is None else {"positions": positions}  # a user's attention may not take the key
+        x = self._sublayer(x, self.ln_attn, lambda h: self.attn(h, causal=causal, cache=cache, **extra))
         if self.cross_attn is not None:
             x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, context=context, cache=cache))
         return self._sublayer(x, self.ln_mlp, self.mlp)
@@ -168,11 +171,14 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(Block(config, self.pe, cross_attention) for _ in range(config.n_layers))
         self.ln_final = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
-    def embed(self, idx: Tensor, start_pos: int = 0) -> Tensor:
+    def embed(self, idx: Tensor, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
         """What the first block reads: scaled token embedding plus the PE input term
-        of positions ``start_pos .. start_pos + T - 1``."""
+        of positions ``start_pos .. start_pos + T - 1`` (or of each sequence's ``positions`` (B, T))."""
         x = self.embedding(idx)  # (B, T, D)
-        position = self.pe.input_term(idx.shape[1], start_pos)
+        if positions is None:
+            position = self.pe.input_term(idx.shape[1], start_pos)
+        else:  # only encodings that take randomised positions are handed them (a user's hook may not know the key)
+            position = self.pe.input_term(idx.shape[1], start_pos, positions=positions)
         if position is not None and self.pe.shuffle:
             position = shuffled_rows(position, idx.shape[0])
         if position is not None:
@@ -180,10 +186,15 @@ class Stack(nn.Module):
         return self.dropout(x)
 
     def forward(self, idx: Tensor, context: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        """idx (B, T) -> hidden states (B, T, D); with ``cache``, idx follows the cached tokens."""
-        x = self.embed(idx, cache.length if cache is not None else 0)
+        """idx (B, T) -> hidden states (B, T, D); with ``cache``, idx follows the cached tokens.
+
+        Training with ``pe.randomize_positions``, a full pass (no cache) draws each sequence's positions once
+        (``PositionalEncoding.draw_positions``) and every hook of every block reads them; otherwise the positions
+        are the plain ``start .. start + T - 1`` (evaluation, cached decoding)."""
+        positions = self.pe.draw_positions(*idx.shape, device=idx.device) if cache is None else None
+        x = self.embed(idx, cache.length if cache is not None else 0, positions)
         for block in self.blocks:
-            x = block(x, causal=self.causal, context=context, cache=cache)
+            x = block(x, causal=self.causal, context=context, cache=cache, positions=positions)
         if cache is not None:
             cache.length += idx.shape[1]
         return self.ln_final(x)

@@ -41,8 +41,11 @@ def check_positional_encoding(cfg: DictConfig) -> None:
     pe_class = get_class(str(pe._target_))
     settings = {k: v for k, v in pe.items() if not str(k).startswith("_")}
     sizes = (int(cfg.model.d_model), int(cfg.model.n_heads), int(cfg.data.seq_len))
+    check_position_ids = getattr(pe_class, "check_position_ids", None)  # pe.randomize_positions (a user's may lack it)
     try:
         pe_class.check_settings(*sizes, **settings)
+        if check_position_ids is not None:
+            check_position_ids(sizes[2], **settings)
     except ValueError as err:
         raise ConfigError(f"pe={_option('pe', pe)}: {err}") from None
     precision = str(cfg.get("trainer", {}).get("precision", "32-true"))

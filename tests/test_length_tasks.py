@@ -1,0 +1,103 @@
+"""experiments/length_tasks.py: the quick length-tasks sweep (experiment=length_tasks_quick) trained and read at
+1x/2x/4x, its table's shape, every accuracy and interval in [0, 1], the chance line where window_chance puts it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pe_geometry.data.task_datamodule import batch_seed
+from pe_geometry.data.tasks import window_chance
+from tests.conftest import ROOT, compose_train_config
+
+SCRIPT = ROOT / "experiments" / "length_tasks.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("length_tasks_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_evaluation_examples_depend_on_the_seed_task_and_length_alone():
+    script = load_script()
+    settings = {"task": "copy", "seq_len": 16, "passkey_digits": 5, "key_len": 2}
+    a, b = script.examples(settings, 2, 8, seed=0), script.examples(settings, 2, 8, seed=0)
+    assert torch.equal(a.blocks, b.blocks) and a.blocks.shape == (8, 33)
+    assert not torch.equal(script.examples(settings, 2, 8, seed=1).blocks, a.blocks)
+    seeds = {script.eval_seed(0, task, m, 64) for task in ("copy", "passkey") for m in (1, 2, 4)}
+    assert len(seeds) == 6  # a stream of its own per task and length
+    assert not seeds & {batch_seed(0, split, i) for split in ("train", "validation") for i in range(100)}
+
+
+def test_the_bootstrap_interval_holds_the_rate_and_is_paired_across_runs():
+    script = load_script()
+    scores = {"exact_match": np.array([1.0, 0.0, 1.0, 1.0]), "correct": np.array([3.0, 1.0, 3.0, 3.0]),
+              "n_answer": np.array([3.0, 3.0, 3.0, 3.0])}
+    point = script.rates(scores)
+    assert point == {"exact_match": 0.75, "token_accuracy": 10 / 12}
+    boot = script.rates(scores, script.resamples(4, 500, seed=0))
+    for metric in script.METRICS:
+        low, high = script.interval(boot[metric])
+        assert 0.0 <= low <= point[metric] <= high <= 1.0
+    assert np.array_equal(script.resamples(4, 5, seed=3), script.resamples(4, 5, seed=3))
+
+
+def test_the_sweep_configs_compose(tmp_path):
+    full = compose_train_config(["experiment=length_tasks"], tmp_path)
+    assert str(full.data._target_).endswith("TaskDataModule") and full.callbacks.geometry is None
+    quick = compose_train_config(["experiment=length_tasks_quick"], tmp_path)
+    assert (quick.data.seq_len, quick.trainer.max_steps, quick.model.d_model) == (16, 150, 32)
+
+
+@pytest.mark.slow  # trains two runs in a subprocess (a Hydra multirun), ~1 min on an idle 2-vCPU VM
+def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "-m", "experiment=length_tasks_quick", "logger=csv",
+         f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "out"
+    script = load_script()
+    payload = script.main([str(sweep), "--out", str(out), "--quick"])
+
+    assert payload["multipliers"] == [1, 2, 4]
+    assert set(payload["summary"]) == {"copy"} and set(payload["summary"]["copy"]) == {"rope", "none"}
+    assert len(payload["runs"]) == 2 and {r["seq_len"] for r in payload["runs"]} == {16}
+    for run in payload["runs"]:
+        for m in ("1", "2", "4"):
+            cell = run["lengths"][m]
+            assert cell["seq_len"] == 16 * int(m) and cell["examples"] == 128
+            for metric in script.METRICS:
+                low, high = cell[f"{metric}_ci"]
+                assert 0.0 <= low <= cell[metric] <= high <= 1.0
+    for family in payload["summary"]["copy"].values():
+        assert family["seeds"] == [0] and sorted(family["lengths"]) == ["1", "2", "4"]
+        assert all(0.0 <= c[metric] <= 1.0 for c in family["lengths"].values() for metric in script.METRICS)
+
+    # the chance line is window_chance at the training length on the very examples scored
+    settings = {"task": "copy", "seq_len": 16, "passkey_digits": 5, "key_len": 2}
+    for m in (1, 2, 4):
+        token, exact = window_chance(script.examples(settings, m, 128, seed=0), 16)
+        line = payload["chance"]["copy"]["16"][str(m)]["window"]
+        assert (line["token_accuracy"], line["exact_match"]) == (token, exact)
+    assert payload["chance"]["copy"]["16"]["1"]["window"]["token_accuracy"] == 1.0  # every source within L at 1x
+    assert payload["chance"]["copy"]["16"]["2"]["uniform"]["token_accuracy"] == pytest.approx(1 / 26)
+
+    # the table: per metric, a header, its rule, one row per family and two chance rows, a column per length
+    md = (out / "length_tasks.md").read_text()
+    for name in ("exact match", "token accuracy"):
+        block = md.split(f"**copy, {name}**\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        assert block[0] == "| family | 1x | 2x | 4x |" and len(block) == 2 + 2 + 2
+        assert {row.split(" | ")[0] for row in block[2:4]} == {"| rope", "| none"}
+        assert all(row.count("|") == 5 for row in block)
+    assert json.loads((out / "length_tasks.json").read_text())["summary"] == payload["summary"]
+    assert (out / "length_tasks.png").stat().st_size > 10_000
+    assert "wrote" in capsys.readouterr().out
