@@ -24,9 +24,7 @@ import time
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
-from pe_geometry.analysis import quantisation as quant
-from pe_geometry.analysis.checkpoints import Loaded, load
-from pe_geometry.analysis.pretrained import analyse, figures
+from pe_geometry.analysis.pretrained import analyse, quantisation_band
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "experiments/results/extrapolation/extrapolation.json"  # the ten families trained here, 3 seeds
@@ -78,13 +76,6 @@ def distance_ratio(r: dict, layer: int) -> float:
 
 
 # ----------------------------------------------------------------------------- the band
-
-
-def band(minilm: Loaded, schemes: dict[str, dict], kw: dict) -> dict:
-    def measure(model) -> dict[str, float]:
-        return figures(analyse(loaded=Loaded(minilm.path, model, minilm.tokenizer, minilm.model_type), **kw))
-
-    return quant.band(measure, minilm.model, schemes)
 
 
 def band_markdown(result: dict, schemes: dict[str, dict]) -> list[str]:
@@ -177,15 +168,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     kw = settings(args.quick)
-    results, loaded = {}, {}
+    results = {}
     for name in args.models:
         path = args.out / f"{name}.json"
         if path.exists() and not args.force:
             results[name] = json.loads(path.read_text())
             continue
         start = time.perf_counter()
-        loaded[name] = load(name)
-        results[name] = analyse(loaded=loaded[name], **kw)
+        results[name] = analyse(name, **kw)  # one model in memory at a time
         path.write_text(json.dumps(results[name], indent=2))
         print(f"{name}: {time.perf_counter() - start:.0f} s -> {path}", flush=True)
     band_result = None
@@ -196,8 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             band_result = json.loads(path.read_text())
         else:
             start = time.perf_counter()
-            minilm = loaded.get("minilm") or load("minilm")
-            band_result = band(minilm, quantised, kw)
+            band_result = quantisation_band(quantised, **kw)["figures"]
             path.write_text(json.dumps(band_result, indent=2))
             print(f"band: {time.perf_counter() - start:.0f} s -> {path}", flush=True)
         (args.out / "band.md").write_text("\n".join(band_markdown(band_result, quantised)))

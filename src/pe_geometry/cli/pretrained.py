@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
             from pe_geometry.analysis.pretrained import quantisation_band
 
             step = time.perf_counter()
-            results["quantisation_band"] = quantisation_band(loaded.quantisation, **settings)["by_kind"]
+            results["quantisation_band"] = quantisation_band({"file": loaded.quantisation}, **settings)["by_kind"]
             results["timings"]["band_s"] = time.perf_counter() - step
     print_report(results)
     _write_json(args.json, results)
