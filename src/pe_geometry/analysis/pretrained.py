@@ -277,10 +277,12 @@ def analyse(
             "rule": FREQUENT_RULE.format(n=n_frequent, n_files=len(files)), "n_rows": len(word_ids),
             "corpus_tokens": len(stream), "corpus_coverage": sum(i in id_set for i in stream) / len(stream),
             "tokens_sample": [vocab[i] for i in word_ids[:30]],
+            "position_rows": f"0..{seq_len - 1}",  # the rows a window reads, as the trained-here runs are measured
             "geometry": input_report(reader, word_ids, seq_len, seed)} | row_composition(vocab, word_ids)
         if reader.model_type == "bert" and len(vocab) >= SEED_ROWS.stop:  # the source table's rows: BERT's vocabulary
             seed_ids = [i for i in SEED_ROWS if i < len(vocab)]
-            results["seed_rows"] = ({"rows": f"{seed_ids[0]}..{seed_ids[-1]}", "n_rows": len(seed_ids)}
+            results["seed_rows"] = ({"rows": f"{seed_ids[0]}..{seed_ids[-1]}", "n_rows": len(seed_ids),
+                                     "position_rows": f"0..{len(reader.W_pos) - 1}"}  # every row, as the source table
                                     | row_composition(vocab, seed_ids)
                                     | {"geometry": geo.geometry_report(reader.W_E[seed_ids], reader.W_pos, seed=seed)})
             results["article"] = ARTICLE | {"abs_cos_mean_chance": geo.chance_abs_cos(ARTICLE["d_model"])}

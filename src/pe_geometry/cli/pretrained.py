@@ -152,7 +152,6 @@ def main(argv: list[str] | None = None) -> dict:
 
         threads, why = choose_threads(torch.get_num_threads())  # as pe-train: the cores idle now, unless told
         torch.set_num_threads(threads)
-        print(f"torch threads: {threads} ({why})", flush=True)
         from pe_geometry.analysis.pretrained import analyse
 
         if args.series:
@@ -172,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
         except (OSError, ValueError) as err:
             raise SystemExit(f"error: {err}") from None
         loading = time.perf_counter() - start
+        print(f"torch threads: {threads} ({why})", flush=True)  # after the checks: bad input prints one line only
         results = analyse(loaded=loaded, **settings)
         results["timings"] |= {"load_s": loading, "total_s": results["timings"]["total_s"] + loading}
         if loaded.quantisation and not args.no_band:  # a 4-bit file: how far that moves each kind of figure

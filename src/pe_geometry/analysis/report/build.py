@@ -194,7 +194,7 @@ def run_setup(runs: list[Run]) -> dict:
             "batch_size": field("data", "batch_size"), "max_steps": field("trainer", "max_steps")}
 
 
-PRETRAINED_ANALYSIS_VERSION = 2  # bump when analysis/pretrained.py changes what analyse() returns
+PRETRAINED_ANALYSIS_VERSION = 3  # bump when analysis/pretrained.py changes what analyse() returns
 
 
 def pretrained_cache_file() -> Path | None:

@@ -444,7 +444,7 @@ def pretrained_section(data: ReportData) -> list[str]:
               "compare each column with its own chance column; the ratio row divides by it.", ""]
     trained = [g for g in groups if summaries.get((g.label, "geometry/abs_cos_mean"))]
     header = ["measure", f"article BERT-base (d {art.get('d_model')})", f"MiniLM rows {seed_rows.get('rows')}",
-              "MiniLM frequent tokens", f"chance (d {d})"]
+              f"MiniLM frequent tokens (positions {freq.get('position_rows', 'all')})", f"chance (d {d})"]
     for g in trained:  # each group its own chance column: chance depends on the group's d and spectra
         header += [f"{g.label} init", f"{g.label} end", f"{g.label} chance"]
 
