@@ -49,14 +49,16 @@ import pe_geometry.offline  # noqa: F401
 import numpy as np
 import torch
 
+from pe_geometry.analysis.position_attention import position_attention_report
 from pe_geometry.data.tasks import TASKS, accuracy_by_depth, answer_accuracy, make_batch, play_filler, window_chance
 from pe_geometry.training.run_loader import load_trained_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ scripts share their helpers
-from extrapolation import arm_label, run_dirs  # noqa: E402
+from extrapolation import arm_label, run_dirs, summarise_attention  # noqa: E402
 
 EVAL_STREAM = 2  # the evaluation's seed stream (training batches use 0, validation 1: data/task_datamodule.py)
 TOKENS_PER_FORWARD = 8192  # examples per forward = this // the block's length (bounds an explicit (B, H, T, T) score)
+ATTENTION_EXAMPLES = 64  # examples at the training length that the attention figures read
 QUICK = {"multipliers": [1, 2, 4], "examples": 128, "bootstrap": 200}
 METRICS = ("exact_match", "token_accuracy")
 
@@ -129,7 +131,7 @@ def score_run(run_dir: Path, multipliers: list[int], n_examples: int, seed: int,
     settings = task_settings(run.config)
     pe = run.choices.get("pe") or str(run.config.pe.get("_target_", "")).rsplit(".", 1)[-1]
     limit = run.model.input_stack.pe.max_positions
-    lengths = {}
+    lengths, attention = {}, None
     for m in multipliers:
         key = (settings["task"], settings["seq_len"], m, settings["passkey_digits"], settings["key_len"])
         if key not in batches:
@@ -139,6 +141,8 @@ def score_run(run_dir: Path, multipliers: list[int], n_examples: int, seed: int,
             lengths[str(m)] = {"na": f"{m * settings['seq_len']} tokens are past the learned table ({limit} rows)"}
             continue
         scores = score_examples(run.model, batch)
+        if m == 1:  # where the model puts position, on the task's own examples at its training length
+            attention = position_attention_report(run.model.eval(), batch.blocks[:ATTENTION_EXAMPLES, :-1])
         boot = rates(scores, resamples(n_examples, draws, seed))
         entry = {"seq_len": m * settings["seq_len"], "examples": n_examples, **rates(scores),
                  **{f"{metric}_ci": interval(boot[metric]) for metric in METRICS},
@@ -154,7 +158,7 @@ def score_run(run_dir: Path, multipliers: list[int], n_examples: int, seed: int,
     print(f"{run_dir.name}: {settings['task']} {family} s{int(run.config.get('seed', 0))} (exact/token): " + "  ".join(cells),
           flush=True)
     return {"run": "/".join(run_dir.resolve().parts[-2:]), "family": family, **settings,
-            "seed": int(run.config.get("seed", 0)), "step": run.step, "lengths": lengths,
+            "seed": int(run.config.get("seed", 0)), "step": run.step, "lengths": lengths, "attention": attention,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
@@ -193,7 +197,8 @@ def summarise(runs: list[dict], multipliers: list[int], draws: int, seed: int) -
                          f"{metric}_min": float(min(values)), f"{metric}_max": float(max(values))}
             cells[str(m)] = cell
         label = family if len({r["seq_len"] for r in runs if r["task"] == task}) == 1 else f"{family} (L {seq_len})"
-        summary[task][label] = {"seq_len": seq_len, "seeds": sorted(r["seed"] for r in members), "lengths": cells}
+        summary[task][label] = {"seq_len": seq_len, "seeds": sorted(r["seed"] for r in members), "lengths": cells,
+                                "attention": summarise_attention([r["attention"] for r in members if r.get("attention")])}
     return dict(summary)
 
 
@@ -241,6 +246,34 @@ def markdown_tables(summary: dict, chance: dict, multipliers: list[int]) -> str:
                     lines.append(f"| {label} | " + " | ".join(
                         f"{by_m[str(m)][line][metric]:.3f}" if str(m) in by_m else "" for m in multipliers) + " |")
             parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def position_tables(summary: dict, multipliers: list[int]) -> str:
+    """Per task: each family's exact match at 1x, the middle and the longest length beside where it puts position at
+    1x (block 0's positional share of the score variance, the rotation null's mean for a rotation; per layer, the
+    attention distance over uniform attention's), seeds' mean ± sd."""
+    shown = sorted({multipliers[0], multipliers[len(multipliers) // 2], multipliers[-1]})
+    parts = []
+    for task in sorted(summary):
+        entries = summary[task]
+        n_layers = max((len(e["attention"]["distance_ratio"]) for e in entries.values() if e.get("attention")), default=0)
+        head = ("| family | " + " | ".join(f"exact {m}x" for m in shown) + " | block-0 positional share (null) | "
+                + " | ".join(f"distance / uniform, layer {i}" for i in range(n_layers)) + " |")
+        lines = [f"**{task}: accuracy beside where the family puts position**", "", head,
+                 "|" + "---|" * (len(shown) + 2 + n_layers)]
+        for family, entry in sorted(entries.items(), key=lambda kv: _order(kv[1], "exact_match", multipliers)):
+            cells = ["n/a" if "na" in entry["lengths"][str(m)] else f"{entry['lengths'][str(m)]['exact_match']:.2f}"
+                     for m in shown]
+            a = entry.get("attention")
+            if a:
+                share = f"{a['positional_share']['mean']:.3f} ± {a['positional_share']['sd']:.3f}"
+                share += f" ({a['null_mean']['mean']:.3f})" if "null_mean" in a else ""
+                cells += [share] + [f"{d['mean']:.2f} ± {d['sd']:.2f}" for d in a["distance_ratio"]]
+            else:
+                cells += ["–"] * (1 + n_layers)
+            lines.append(f"| {family} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
 
@@ -347,12 +380,13 @@ def main(argv: list[str] | None = None) -> dict:
     (args.out / "length_tasks.json").write_text(json.dumps(payload, indent=1))
     tables = markdown_tables(summary, chance, args.multipliers)
     depth = depth_tables(grid, args.multipliers)
+    beside = position_tables(summary, args.multipliers)
     sweeps = ", ".join(sorted({r["run"].split("/")[0] for r in runs}))
     (args.out / "length_tasks.md").write_text(
         f"# Length generalisation on tasks\n\n{len(runs)} runs from {sweeps} (`python experiments/length_tasks.py "
         f"<folders> --out <here>`); {protocol}. Chance lines (`data.tasks.window_chance` on the same examples): a model "
         "that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet.\n\n"
-        f"{tables}\n\n![accuracy vs length](length_tasks.png)\n"
+        f"{tables}\n\n![accuracy vs length](length_tasks.png)\n\n## Accuracy beside position\n\n{beside}\n"
         + (f"\n## Passkey: depth x length\n\n{depth}\n" if depth else ""))
     plot(summary, chance, args.multipliers, args.out / "length_tasks.png")
     print(tables)

@@ -151,7 +151,12 @@ def test_run_summary_says_the_run_stopped_early_and_where_its_best_checkpoint_is
 
 @pytest.mark.parametrize("override, message", [
     ("callbacks.early_stopping.monitor=val/los",
-     "callbacks.early_stopping.monitor=val/los must be one of ['val/loss', 'val/ppl', 'train/loss']"),
+     "callbacks.early_stopping.monitor=val/los must be one of ['val/loss', 'val/ppl', 'train/loss', "
+     "'val/answer_accuracy', 'val/answer_exact_match']"),
+    ("callbacks.early_stopping.monitor=val/answer_accuracy",
+     "callbacks.early_stopping.monitor=val/answer_accuracy is logged by data=task only"),
+    ("callbacks.best_checkpoint.mode=max",
+     "callbacks.best_checkpoint.mode=max with monitor=val/loss: set callbacks.best_checkpoint.mode=min"),
     ("callbacks.early_stopping.patience=-1", "callbacks.early_stopping.patience=-1 must be an integer >= 0"),
     ("callbacks.best_checkpoint.mode=minimum", "callbacks.best_checkpoint.mode=minimum must be one of ['min', 'max']"),
     ("+callbacks.early_stopping.patiense=3", "callbacks.early_stopping.patiense is not a setting of callbacks=early_stop"),
@@ -164,6 +169,21 @@ def test_bad_early_stop_settings_are_one_line_before_training(override, message)
     with pytest.raises(SchemaError, match=re.escape(message)):
         check_schema(cfg, {"callbacks": "early_stop"})
 
+
+
+def test_a_task_run_may_stop_on_its_answers_in_their_direction(tmp_path):
+    """data=task logs val/answer_accuracy and val/answer_exact_match: watched with mode=max they pass; mode=min (which
+    would keep the worst checkpoint and stop at the best) is one line naming the fix."""
+    from pe_geometry.training.schema import SchemaError, check_schema
+
+    on_answers = ["callbacks=early_stop", "data=task", "callbacks.early_stopping.monitor=val/answer_exact_match",
+                  "callbacks.early_stopping.mode=max", "callbacks.best_checkpoint.monitor=val/answer_accuracy",
+                  "callbacks.best_checkpoint.mode=max"]
+    check_schema(compose_train_config(on_answers, tmp_path), {"callbacks": "early_stop", "data": "task"})
+    wrong_way = compose_train_config([*on_answers, "callbacks.early_stopping.mode=min"], tmp_path)
+    with pytest.raises(SchemaError, match=re.escape("callbacks.early_stopping.mode=min with monitor=val/answer_exact_match: "
+                                                    "set callbacks.early_stopping.mode=max")):
+        check_schema(wrong_way, {"callbacks": "early_stop", "data": "task"})
 
 
 @pytest.mark.parametrize("offset", [-4, 0, 4], ids=["before_the_best", "at_the_best", "after_the_best"])

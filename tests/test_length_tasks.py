@@ -98,6 +98,17 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
         assert block[0] == "| family | 1x | 2x | 4x |" and len(block) == 2 + 2 + 2
         assert {row.split(" | ")[0] for row in block[2:4]} == {"| rope", "| none"}
         assert all(row.count("|") == 5 for row in block)
+    # beside the accuracy, where each family puts position on the task's own examples at 1x: NoPE has no positional
+    # share (exactly 0: nothing in its scores depends on position), RoPE a rotation null; a distance per layer
+    for run in payload["runs"]:
+        attention = run["attention"]
+        assert len(attention["mean_distance"]) == 2 and len(attention["positional_share"]) == 4
+        assert ("null_mean" in attention) == (run["family"] == "rope")
+    assert payload["summary"]["copy"]["none"]["attention"]["positional_share"]["mean"] == pytest.approx(0.0, abs=1e-6)
+    beside = md.split("**copy: accuracy beside where the family puts position**\n\n", 1)[1].splitlines()
+    assert beside[0].startswith("| family | exact 1x | exact 2x | exact 4x | block-0 positional share (null) | ")
+    assert beside[0].count("distance / uniform, layer") == 2
+    assert {beside[2].split(" | ")[0], beside[3].split(" | ")[0]} == {"| rope", "| none"}
     assert json.loads((out / "length_tasks.json").read_text())["summary"] == payload["summary"]
     assert (out / "length_tasks.png").stat().st_size > 10_000
     assert "wrote" in capsys.readouterr().out

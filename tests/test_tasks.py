@@ -73,7 +73,7 @@ def check_addition(s: str, answer: str) -> int:
     b, total = rest.split("=")
     n = len(a)
     assert len(b) == n and total == answer and len(total) == n + 1
-    assert total == str(int(a) + int(b)).zfill(n + 1)[::-1]  # least significant digit first
+    assert total == str(int(a[::-1]) + int(b[::-1])).zfill(n + 1)[::-1]  # every number least significant digit first
     return n
 
 
@@ -185,7 +185,7 @@ def test_a_model_that_sees_its_training_length_is_perfect_at_1x_and_at_chance_as
     assert 1 / len(longer.alphabet) - 1e-12 <= expected < 1.0
 
 
-@pytest.mark.parametrize("task,at_2x", [("copy", 0.0385), ("associative_recall", 0.53), ("passkey", 0.53), ("addition", 0.31)])
+@pytest.mark.parametrize("task,at_2x", [("copy", 0.0385), ("associative_recall", 0.53), ("passkey", 0.53), ("addition", 0.1)])
 def test_the_chance_the_docstrings_state(task, at_2x):
     """The per-token figures each generator's docstring gives for L = 64 at 2x (2000 examples, seed 0)."""
     assert window_chance(make_batch(task, 2000, 128, generator=0), 64)[0] == pytest.approx(at_2x, abs=0.005)

@@ -230,12 +230,14 @@ def passkey_task(batch_size: int, seq_len: int, generator: torch.Generator, size
 
 
 def addition_task(batch_size: int, seq_len: int, generator: torch.Generator, sizes: Sizes = "full") -> TaskBatch:
-    """``a + b = s``: two n-digit numbers written most significant digit first (leading zeros allowed), and their
-    sum's n + 1 digits least significant first (the answer; its last digit is the carry, 0 or 1).
+    """``a + b = s``: two n-digit numbers and their sum's n + 1 digits, every number written least significant digit
+    first (leading zeros allowed; the sum's last digit is the carry, 0 or 1). The answer is the sum.
 
-    n = ``(seq_len - 2) // 3`` at full size. Sum digit i depends on a_i .. a_0 and b_i .. b_0, the earliest a_i: a
-    model that sees only L = 64 scores, per token / exact match, 1.0 / 1.0 at 1x (n = 20); 0.31 / 0.0 at 2x (n = 42);
-    0.1 / 0.0 at 4x, 8x and 16x (n = 340); uniform guessing over digits: 0.1 / 10^-(n+1) (a blind guess of 0 for the
+    Reversed operands, as Lee et al. 2023 and Zhou et al. 2024 write them: sum digit i then sits a fixed distance after
+    a_i and b_i, so the task asks for the alignment of digits (and the carry), not for reversing a string first.
+    n = ``(seq_len - 2) // 3`` at full size. Sum digit i depends on a_0 .. a_i and b_0 .. b_i (the carry), the earliest
+    a_0, the block's first token: a model that sees only L = 64 scores, per token / exact match, 1.0 / 1.0 at 1x
+    (n = 20); 0.1 / 0.0 at 2x and beyond; uniform guessing over digits: 0.1 / 10^-(n+1) (a blind guess of 0 for the
     carry is right with probability (10^n + 1) / (2 * 10^n), just over 1/2).
     """
     check_fits("addition", seq_len)
@@ -243,21 +245,20 @@ def addition_task(batch_size: int, seq_len: int, generator: torch.Generator, siz
     blocks, answers, sources = _new_batch(batch_size, seq_len)
     n_of = _draw_sizes(batch_size, largest, sizes, generator)
     for b, n in enumerate(n_of.tolist()):
-        a, c = _digits(n, 2, generator)  # (n,) each, most significant first
+        a, c = _digits(n, 2, generator).flip(-1)  # (n,) each, least significant first
         total = _digits_sum(a, c)  # (n + 1,) least significant first
         example = torch.cat([DIGIT_IDS[a], torch.tensor([TOKEN_ID[PLUS]]), DIGIT_IDS[c], torch.tensor([TOKEN_ID[EQUALS]]),
                              DIGIT_IDS[total]])
         blocks[b, : len(example)] = example
         answers[b, 2 * n + 2 : 3 * n + 3] = True
-        sources[b, 2 * n + 2 : 3 * n + 2] = n - 1 - torch.arange(n)  # sum digit i <- a_i, written at n - 1 - i
-        sources[b, 3 * n + 2] = 0  # the carry out depends on every digit
+        sources[b, 2 * n + 2 : 3 * n + 3] = 0  # every sum digit depends on a_0 through the carry
     return TaskBatch("addition", blocks, answers, sources, DIGIT_IDS.clone(), n_of)
 
 
 def _digits_sum(a: Tensor, b: Tensor) -> Tensor:
-    """Digit values of a + b, least significant first (n + 1 digits), by schoolbook carries."""
+    """Digit values of a + b, both least significant first, as n + 1 digits least significant first (schoolbook)."""
     out, carry = [], 0
-    for x, y in zip(reversed(a.tolist()), reversed(b.tolist())):
+    for x, y in zip(a.tolist(), b.tolist()):
         carry, digit = divmod(x + y + carry, 10)
         out.append(digit)
     return torch.tensor([*out, carry])

@@ -104,18 +104,21 @@ class CheckpointSettings(TargetSettings):
 
 
 # What a monitored callback may watch: the metrics LanguageModelTask logs (a typo would otherwise fail at the first
-# validation, minutes into the run).
-Monitored = Literal["val/loss", "val/ppl", "train/loss"]
+# validation, minutes into the run); the answer metrics only with data=task, and each with its own direction
+# (``check_monitored``).
+Monitored = Literal["val/loss", "val/ppl", "train/loss", "val/answer_accuracy", "val/answer_exact_match"]
+MONITORED = list(get_args(Monitored))
+HIGHER_IS_BETTER = ("val/answer_accuracy", "val/answer_exact_match")
 
 
 class BestCheckpointSettings(CheckpointSettings):
     """Lightning's ModelCheckpoint itself: callbacks=early_stop's best_checkpoint (monitor set) or a user's own."""
-    monitor: Monitored | None = what("one of ['val/loss', 'val/ppl', 'train/loss'], or null")
+    monitor: Monitored | None = what(f"one of {MONITORED}, or null")
     mode: Literal["min", "max"] = what("one of ['min', 'max']")
 
 
 class EarlyStoppingSettings(TargetSettings):
-    monitor: Monitored = what("one of ['val/loss', 'val/ppl', 'train/loss']", ...)
+    monitor: Monitored = what(f"one of {MONITORED}", ...)
     mode: Literal["min", "max"] = what("one of ['min', 'max']")
     patience: int = what("an integer >= 0 (validations without improvement before the stop)", ge=0)
     min_delta: float = what("a number >= 0", ge=0, allow_inf_nan=False)
@@ -330,11 +333,31 @@ def check_schema(cfg: DictConfig, choices: dict[str, Any] | None = None, import_
             if member is not None and not (isinstance(member, dict) and "_target_" not in member):
                 record(f"{group}.{name}", check_node(f"{group}.{name}", member, f"{_choice(choices, group)} ({name})",
                                                     import_classes))
+    problems.extend(check_monitored(values))
     if problems:
         # data.seed: ${seed} repeats seed's error: name the key the user set, not the ones that copy it
         own = [line for key, line in problems if not _is_interpolation(cfg, key)]
         raise SchemaError("; ".join(own or [line for _, line in problems]))
     _write_back(cfg, fixes, values)
+
+
+def check_monitored(values: dict) -> list[tuple[str, str]]:
+    """The rules of a monitored callback that span keys: an answer metric is logged by data=task alone, and the
+    direction must be the metric's (mode=min on an accuracy would keep the worst checkpoint and stop at the best)."""
+    data_target = str((values.get("data") or {}).get("_target_", "")) if isinstance(values.get("data"), dict) else ""
+    problems = []
+    for name, member in (values.get("callbacks") or {}).items():
+        if not isinstance(member, dict) or member.get("monitor") not in MONITORED:
+            continue
+        key, monitor, mode = f"callbacks.{name}", member["monitor"], member.get("mode", "min")
+        if monitor in HIGHER_IS_BETTER and not data_target.endswith("TaskDataModule"):
+            problems.append((f"{key}.monitor", f"{key}.monitor={monitor} is logged by data=task only; with this data: "
+                                               "one of ['val/loss', 'val/ppl', 'train/loss']"))
+        elif mode in ("min", "max") and (mode == "max") != (monitor in HIGHER_IS_BETTER):
+            want = "max" if monitor in HIGHER_IS_BETTER else "min"
+            problems.append((f"{key}.mode", f"{key}.mode={mode} with monitor={monitor}: set {key}.mode={want} "
+                                            f"({monitor} is better when {'higher' if want == 'max' else 'lower'})"))
+    return problems
 
 
 def _is_interpolation(cfg: DictConfig, key: str) -> bool:
