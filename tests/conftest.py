@@ -31,6 +31,16 @@ from pe_geometry.configs import CONFIG_DIR  # noqa: E402
 PE_TYPES = sorted(p.stem for p in (CONFIG_DIR / "pe").glob("*.yaml"))
 MODEL_TYPES = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 
+
+def causal_only(pe: str) -> bool:
+    """Whether the class configs/pe/<pe>.yaml names works in causal stacks only (``causal_only``: pe=forgetting), so
+    that an encoder or an encoder-decoder refuses it: the tests over every model x pe check that refusal instead."""
+    from omegaconf import OmegaConf
+
+    from pe_geometry.signatures import import_target
+
+    return bool(getattr(import_target(str(OmegaConf.load(CONFIG_DIR / "pe" / f"{pe}.yaml")._target_)), "causal_only", False))
+
 torch.set_num_threads(1)
 
 # The handlers a run replaces while it trains (training/interrupt.py's STOP_SIGNALS).

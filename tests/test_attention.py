@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, NoPE, SDPAttention
-from tests.conftest import CONFIG_DIR, PE_TYPES
+from tests.conftest import CONFIG_DIR, PE_TYPES, causal_only
 
 
 def pe_factory(name: str, seq_len: int = 64, **overrides):
@@ -21,19 +21,30 @@ def pe_factory(name: str, seq_len: int = 64, **overrides):
 
 def live(model: torch.nn.Module, std: float = 0.5) -> torch.nn.Module:
     """The model with noise of ``std`` added to every PE weight (CoPE's table starts at zero, FIRE's bias near it, T5's
-    at 0.02): a bug in where a cached step places its tokens then shows in the logits."""
+    at 0.02; a layer's own ``pe_layer``, FoX's gate, starts nearly data-independent): a bug in where a cached step places
+    its tokens then shows in the logits."""
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if ".pe." in f".{name}":
+            if ".pe." in f".{name}" or ".pe_layer." in name:
                 p.add_(torch.randn(p.shape, generator=g) * std)
     return model
 
 
 def build(model_cls, pe: str, attention, **kw):
+    """The model with the PE as its config builds it. An encoding of causal stacks only (pe=forgetting) in a model with a
+    bidirectional stack: its one-line refusal is checked, and the test is skipped (there is no such model to test)."""
     torch.manual_seed(0)
     extra = {"mask_token_id": 1} if model_cls is EncoderMLM else {}
-    return model_cls(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=pe_factory(pe), attention=attention, **extra, **kw)
+
+    def make():
+        return model_cls(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=pe_factory(pe), attention=attention, **extra, **kw)
+
+    if model_cls is not DecoderLM and causal_only(pe):
+        with pytest.raises(ValueError, match="causal only"):
+            make()
+        pytest.skip(f"pe={pe} is causal only: {model_cls.__name__} refuses it (checked)")
+    return make()
 
 
 @pytest.mark.parametrize("pe", PE_TYPES)

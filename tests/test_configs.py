@@ -43,7 +43,7 @@ def test_every_config_option_composes(group, option, tmp_path, monkeypatch):
         (["pe=sinusoidal", "model.d_model=33", "model.n_heads=3"], r"pe=sinusoidal: sinusoidal PE needs an even model.d_model.*33"),
         (["pe=learned", "data.seq_len=600"], r"data.seq_len=600 is longer than the learned position table \(pe.max_len=512\)"),
         (["pe=rope", "control=mixed_init"],
-         r"pe.init is not a setting of pe=rope; valid: \['base', 'randomize_positions', 'scaling', .*\]; pe.init_k is not"),
+         r"pe.init is not a setting of pe=rope; valid: \['base', 'high_freq_factor', .*'scaling', .*\]; pe.init_k is not"),
         (["pe=learned", "pe.init=orthogonal"], r"pe.init=orthogonal must be one of \['normal', 'mixed'\]"),
         (["pe=learned", "pe.init_k=0"], r"pe.init_k=0 must be a positive integer"),
         (["pe.scale=double"], r"pe.scale=double must be one of \['none', 'word_norm'\]"),

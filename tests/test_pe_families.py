@@ -218,7 +218,7 @@ def test_dynamic_ntk_rescales_the_base_by_the_length_read():
     assert pe.cache_stays_exact(L) and not pe.cache_stays_exact(L + 1)
 
 
-@pytest.mark.parametrize("scaling", ["linear", "ntk", "dynamic_ntk", "yarn"])
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "dynamic_ntk", "yarn", "llama3"])
 def test_scaled_rope_loads_weights_trained_without_it_and_generates_the_same_with_and_without_the_cache(scaling):
     torch.manual_seed(0)
     trained = DecoderLM(vocab_size=30, d_model=16, n_heads=2, n_layers=2, pe=RotaryPE).eval()
@@ -253,7 +253,7 @@ def test_every_precision_runs_and_agrees_with_float32(pe, dtype):
     (T5BiasPE, {"num_buckets": -2}, r"pe.num_buckets=-2 must be >= 4"),
     (T5BiasPE, {"num_buckets": 32, "max_distance": 10}, r"pe.max_distance=10 must be larger"),
     (CoPE, {"p_max": 1}, r"pe.p_max=1 must be >= 2"),
-    (RotaryPE, {"scaling": "cubic"}, r"pe.scaling='cubic'; valid: \['none', 'linear', 'ntk', 'dynamic_ntk', 'yarn'\]"),
+    (RotaryPE, {"scaling": "cubic"}, r"pe.scaling='cubic'; valid: \['none', 'linear', 'ntk', 'dynamic_ntk', 'yarn', 'llama3'\]"),
     (RotaryPE, {"scaling": "yarn", "scaling_factor": 0.5}, r"pe.scaling_factor=0.5 must be >= 1"),
     (RotaryPE, {"scaling": "yarn", "training_length": None}, r"pe.scaling=yarn needs pe.training_length"),
     (XPosPE, {"gamma": 0.0}, r"pe.gamma=0.0 must be > 0"),

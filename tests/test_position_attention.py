@@ -53,6 +53,8 @@ def rederived_score_parts(attn, x: torch.Tensor, causal: bool, mix: torch.Tensor
     for bias in (attn.pe.score_bias(T, T, 0), attn.pe.qk_bias(q, k, 0, causal)):
         if bias is not None:
             position = position + bias.float()
+    if hasattr(attn.pe, "gate_bias"):  # a data-dependent encoding (FoX): its gates read from the layer input x
+        position = position + attn.pe.gate_bias(attn.pe.input_gates(x, attn.pe_layer), T, causal)
     factor = attn._logn_factor(T, 0, causal, x.device)
     if factor is not None:
         content, position = content * factor, position * factor

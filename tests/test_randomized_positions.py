@@ -22,7 +22,7 @@ from tests.test_attention import live, pe_factory
 from tests.test_generate import incremental_logits
 
 N = 96  # positions drawn from, in the tests' models (sequences of 20-24 tokens)
-REFUSING = ("cope", "none")
+REFUSING = ("cope", "forgetting", "none")
 
 
 def build(pe: str, n: int | None = N, attention=SDPAttention, model_cls=DecoderLM, **settings) -> torch.nn.Module:

@@ -152,8 +152,8 @@ def test_a_bad_value_is_answered_before_torch_loads(tmp_path):
     assert result.stdout.split() == ["False", "False", "2"], result.stderr
     assert result.stderr.strip().splitlines() == [
         "error: model.dropout=2 must be a probability in [0, 1); pe.bsae is not a setting of pe=rope; valid: "
-        "['base', 'randomize_positions', 'scaling', 'scaling_factor', 'training_length', 'yarn_alpha', "
-        "'yarn_attention_factor', 'yarn_beta']"]
+        "['base', 'high_freq_factor', 'low_freq_factor', 'partial_rotary', 'randomize_positions', 'rotary_fraction', "
+        "'scaling', 'scaling_factor', 'training_length', 'yarn_alpha', 'yarn_attention_factor', 'yarn_beta', 'yarn_ramp']"]
     assert not list(Path(tmp_path).glob("outputs/*/*/*")), "a refused run leaves no folder"
     print(f"answered in {took:.2f} s")
 

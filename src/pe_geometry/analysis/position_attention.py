@@ -1,4 +1,4 @@
-"""Where every position encoding puts position in the attention: one axis for all ten families.
+"""Where every position encoding puts position in the attention: one axis for every family.
 
 Two figures per head, defined the same way whatever the encoding:
 
@@ -8,12 +8,19 @@ Two figures per head, defined the same way whatever the encoding:
   ``analysis.attention_split``. For every other family block 0 reads word embeddings only, so its content
   score q.k is position-free and the position term is what the encoding adds (``score_parts``, from the hook
   points the forward recorded: model/attention.py): the change its rotation made to q.k (RoPE, xPos), or the
-  score bias (ALiBi, T5, FIRE, Kerple, CoPE). NoPE adds nothing: 0. With S = content + position and S_c its
+  score bias (ALiBi, T5, FIRE, Kerple, CoPE, and the Forgetting Transformer's gate bias: see below). NoPE adds
+  nothing: 0. With S = content + position and S_c its
   row-centred, masked copy, the share is Cov(position, S) / Var(S) = sum(position * S_c) / sum(S_c^2) (S_c's
   rows sum to 0, so the term needs no centring), the same estimator as ``attention_split.term_shares``.
 - **mean attention distance**: sum_j w_ij |i - j| under the softmax weights, averaged over queries and
   sequences, per layer and head (how local each head is), under the softmax of the logits each block recorded;
   its chance is the same with uniform weights over the keys each query sees.
+
+The Forgetting Transformer (pe=forgetting) is measured the same way, with a caveat: its score bias D_ij (the log
+forget gates summed from key j to query i) is read from the tokens, so its "position" term is the decay the gates
+put on the scores, which depends on what the tokens are as well as on how far apart they are (a gate at 1 gives 0,
+as NoPE; a gate fixed at f gives ALiBi with slope -log f). With ``pe.rotary=true`` the rotation's change is added to
+it, and the rotation null below applies (the recorded gate bias kept as it is).
 
 A rotation's share has a null: the same q and k multiplied by one random orthogonal matrix per head before the
 rotation (Haar, sign-fixed QR) keep every content score q.k exactly and spread the head's energy over the
@@ -66,7 +73,7 @@ def recorded_score_parts(recorded: dict[str, Tensor | None]) -> tuple[Tensor, Te
 
     content = q_pre.k_pre x ``scaling`` (the projections before the encoding; under qk_norm already normalised);
     position = what the encoding adds: q.k x scaling - content (a rotation's change: RoPE, xPos) plus ``score_bias``
-    (ALiBi, T5, FIRE, Kerple, CoPE); both times ``query_scale`` (logn_scaling) where recorded. Keys of shared heads
+    (ALiBi, T5, FIRE, Kerple, CoPE, FoX's gate bias); both times ``query_scale`` (logn_scaling) where recorded. Keys of shared heads
     (grouped-query attention) are repeated for the query heads of their group.
     """
     groups = recorded["q"].shape[1] // recorded["k"].shape[1]
@@ -196,8 +203,10 @@ def positional_share(model: LanguageModel, idx: Tensor) -> Tensor:
 
 
 def has_rotation(model: LanguageModel) -> bool:
-    """Whether the encoding rotates queries and keys (RoPE, xPos): the families whose share has a null."""
-    return isinstance(model.input_stack.pe, RotaryPE)
+    """Whether the encoding rotates queries and keys (RoPE, xPos, or RoPE inside another encoding as its ``rope``:
+    pe=forgetting pe.rotary=true): the families whose share has a null."""
+    pe = model.input_stack.pe
+    return isinstance(pe, RotaryPE) or isinstance(getattr(pe, "rope", None), RotaryPE)
 
 
 def mean_attention_distance(model: LanguageModel, idx: Tensor, n_blocks: int | None = None) -> tuple[Tensor, Tensor]:

@@ -41,6 +41,7 @@ ARM_SWITCHES = [
     (("pe", "center"), False, "centred table"),
     (("pe", "freeze"), False, "frozen table"),
     (("pe", "shuffle"), False, "rows shuffled per sequence"),
+    (("pe", "rotary"), False, "with RoPE"),  # pe=forgetting pe.rotary=true: the gates and a rotation
 ]
 
 

@@ -29,12 +29,19 @@ sequences whose positions are unrelated. ``n_kv_heads`` and ``qk_norm`` apply to
 ``KVCache`` holds the keys and values already computed during incremental decoding,
 so each new token costs one query against the cache instead of a full forward pass.
 
+A data-dependent score bias (the Forgetting Transformer, model/forgetting.py) reads the layer's own input, so it has
+three optional hooks besides ``positional.py``'s four, called on an encoding that has them: ``layer_module()`` once per
+self-attention (the layer keeps what it returns as ``pe_layer``: its own gate weights), ``input_gates(x, pe_layer)``
+(B, H, T) per-token values of the layer input x (kept beside the keys in a ``KVCache``), and
+``gate_bias(gates, T, causal)`` the (B, H, T, S) term they give the T queries over the S keys they see, added to the
+score bias.
+
 Hook points (as TransformerLens names them): while a self-attention's ``recording`` is a dict (set by
 ``model.transformer.record_attention``), each forward call stores there, detached, what it computed (the last call's):
 ``q_pre`` / ``k_pre`` the projections before the encoding's hooks (under ``qk_norm``, normalised and scaled),
 ``q`` / ``k`` after them (RoPE's, xPos's rotation; ``k`` with the cached keys: every key the queries read, of the
 shared heads under grouped-query attention), ``score_bias`` what the encoding adds to the scores (ALiBi, T5, FIRE,
-Kerple, CoPE's contextual one; None without), ``query_scale`` ``logn_scaling``'s factor per query (T, 1) (None when
+Kerple, CoPE's contextual one, FoX's gate bias; None without), ``query_scale`` ``logn_scaling``'s factor per query (T, 1) (None when
 all are 1) and ``logits`` the pre-softmax scores after the mask (-inf where a key is hidden):
 (q . k / sqrt(d_head) + score_bias) x query_scale. Only the points among ``recording``'s keys are stored. The fused
 kernel never forms the logits: recording them computes them explicitly, only then. Off (None, the default) it costs
@@ -69,7 +76,8 @@ class KVCache:
     when a generation knows its length; doubled when a call outgrows it), so a step copies only its new keys
     instead of the whole cache, as ``torch.cat`` would. A window's keys move to the front of a new buffer when the
     buffer's end is reached (a new one, so views handed out earlier stay valid). ``get`` returns views of the live
-    keys and values.
+    keys and values. A data-dependent encoding's per-token values (FoX's log forget gates) are kept the same way
+    beside the keys (``append_gates``), so a cached step's bias is the full pass's.
     """
 
     def __init__(self, capacity: int | None = None) -> None:
@@ -77,7 +85,8 @@ class KVCache:
         self.capacity = capacity
         self.context: Tensor | None = None  # the encoder output, for an encoder-decoder
         self._layers: dict[nn.Module, tuple[Tensor, Tensor]] = {}  # cross-attention: the context's k, v
-        self._buffers: dict[nn.Module, list] = {}  # self-attention: [k buffer, v buffer, first live, end]
+        # self-attention: [k buffer, v buffer, first live, end]; under (layer, "gates"): [gates buffer, first live, end]
+        self._buffers: dict[object, list] = {}
 
     def get(self, layer: nn.Module) -> tuple[Tensor, Tensor] | None:
         """The layer's cached (k, v): views (B, n_kv_heads, held, d_head), or None before its first call."""
@@ -93,26 +102,42 @@ class KVCache:
     def append(self, layer: nn.Module, k: Tensor, v: Tensor, keep: int | None = None) -> tuple[Tensor, Tensor]:
         """Add the new tokens' (k, v) (B, n_kv_heads, T, d_head) after the layer's cached ones; returns views of
         all of them (what this call's queries attend to), then keeps only the last ``keep`` for the next call."""
-        T = k.shape[2]
-        if layer not in self._buffers:
-            size = max(T, self.capacity or 0)
-            empty = k.new_empty(*k.shape[:2], size, k.shape[3]), v.new_empty(*v.shape[:2], size, v.shape[3])
-            self._buffers[layer] = [*empty, 0, 0]
-        entry = self._buffers[layer]
-        k_buf, v_buf, first, end = entry
+        k, v = self._append(layer, (k, v), keep)
+        return k, v
+
+    def append_gates(self, layer: nn.Module, gates: Tensor, keep: int | None = None) -> Tensor:
+        """The same for a data-dependent encoding's per-token values (B, H, T) (its ``input_gates``: FoX's log forget
+        gates), kept beside the layer's keys with the same ``keep``: returns those of every key the queries see."""
+        (gates,) = self._append((layer, "gates"), (gates,), keep)
+        return gates
+
+    def _append(self, owner: object, new: tuple[Tensor, ...], keep: int | None) -> tuple[Tensor, ...]:
+        """Write ``new`` (tensors (B, heads, T, ...) of the same T) after ``owner``'s live entries, each in its own
+        buffer along dim 2; returns views of all of them, then keeps only the last ``keep`` live."""
+        T = new[0].shape[2]
+        if owner not in self._buffers:
+            self._buffers[owner] = [*(_empty_like(t, max(T, self.capacity or 0)) for t in new), 0, 0]
+        entry = self._buffers[owner]
+        *buffers, first, end = entry
         held = end - first
-        if end + T > k_buf.shape[2]:  # no room after the live keys: move them to the front of a new buffer, with
-            size = max(k_buf.shape[2], 2 * (held + T))  # room for as many again (a window moves once per window)
-            new_k = k_buf.new_empty(*k_buf.shape[:2], size, k_buf.shape[3])
-            new_v = v_buf.new_empty(*v_buf.shape[:2], size, v_buf.shape[3])
-            new_k[:, :, :held], new_v[:, :, :held] = k_buf[:, :, first:end], v_buf[:, :, first:end]
-            k_buf, v_buf, first, end = new_k, new_v, 0, held
-        k_buf[:, :, end : end + T], v_buf[:, :, end : end + T] = k, v
+        if end + T > buffers[0].shape[2]:  # no room after the live keys: move them to the front of a new buffer, with
+            size = max(buffers[0].shape[2], 2 * (held + T))  # room for as many again (a window moves once per window)
+            moved = [_empty_like(b, size) for b in buffers]
+            for to, old in zip(moved, buffers):
+                to[:, :, :held] = old[:, :, first:end]
+            buffers, first, end = moved, 0, held
+        for buffer, t in zip(buffers, new):
+            buffer[:, :, end : end + T] = t
         end += T
-        seen = k_buf[:, :, first:end], v_buf[:, :, first:end]
+        seen = tuple(b[:, :, first:end] for b in buffers)
         first = end - min(end - first, keep if keep is not None else end)
-        entry[:] = [k_buf, v_buf, first, end]
+        entry[:] = [*buffers, first, end]
         return seen
+
+
+def _empty_like(t: Tensor, size: int) -> Tensor:
+    """An uninitialised buffer of t's dtype and device, (B, heads, size, ...) for t (B, heads, T, ...)."""
+    return t.new_empty(*t.shape[:2], size, *t.shape[3:])
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
@@ -148,7 +173,8 @@ def attention_mask(
 class MultiHeadAttention(nn.Module):
     """Projections and head reshaping; subclasses implement ``attend``.
 
-    Self-attention applies the positional hooks (``rotate_qk``, ``score_bias``, ``qk_bias``);
+    Self-attention applies the positional hooks (``rotate_qk``, ``score_bias``, ``qk_bias``, and a data-dependent
+    encoding's ``input_gates`` / ``gate_bias`` with its own ``pe_layer``);
     cross-attention (``context`` given) does not: the two sequences' positions
     are unrelated, as in the original encoder-decoder. The variants (``n_kv_heads``, ``qk_norm``,
     ``window``, ``logn_scaling``) are described in the module docstring.
@@ -187,6 +213,10 @@ class MultiHeadAttention(nn.Module):
         # tau_h: the logit of a query and a key pointing the same way (a 1-d parameter: no weight decay)
         self.qk_temperature = nn.Parameter(torch.full((n_heads,), float(qk_norm_scale))) if qk_norm else None
         self.window, self.logn_scaling, self.training_length = window, logn_scaling, training_length
+        # a data-dependent encoding's weights for this layer (FoX's forget gate: module docstring), owned here so that
+        # every layer has its own; None for every other encoding and for a cross-attention
+        layer_module = getattr(self.pe, "layer_module", None)
+        self.pe_layer = layer_module() if layer_module is not None else None
 
     @classmethod
     def check_settings(
@@ -314,6 +344,12 @@ class MultiHeadAttention(nn.Module):
             return None
         return self.pe.qk_bias(q, self._per_query_head(k, dim=1), start, causal)
 
+    def _input_gates(self, x: Tensor) -> Tensor | None:
+        """The encoding's per-token values (B, H, T) read from this layer's input x (B, T, D) with its ``pe_layer``
+        (FoX's log forget gates), or None for an encoding without the ``input_gates`` hook."""
+        hook = getattr(self.pe, "input_gates", None)
+        return None if hook is None else hook(x, self.pe_layer)
+
     def _hook(self, **points: Tensor | None) -> None:
         """Store the named hook points (detached) in ``recording``: those among its keys (the points asked for)."""
         for name, t in points.items():
@@ -353,15 +389,22 @@ class MultiHeadAttention(nn.Module):
             k, v = self._keys_values(x)  # (B, Hkv, T, dh)
             q_pre, k_pre = q, k
             q, k = self.pe.rotate_qk(q, k, start, **at)
+            gates = self._input_gates(x)  # (B, H, T) float32 or None: FoX's log forget gates
             window = self.window
             if cache is not None:  # the cached keys and these, (B, Hkv, S, dh); the next query sees its own and window - 1
-                k, v = cache.append(self, k, v, keep=None if window is None else window - 1)
+                keep = None if window is None else window - 1
+                k, v = cache.append(self, k, v, keep=keep)
+                if gates is not None:  # those of every key the queries see, (B, H, S)
+                    gates = cache.append_gates(self, gates, keep=keep)
             S = k.shape[2]
             first = start + T - S  # the first key's position: > 0 once a window has dropped the oldest keys
             bias = self.pe.score_bias(T, start + T, start, **at)  # (H, T, start + T), (B, H, T, T) or None
             if bias is not None and first:
                 bias = bias[..., first:]
             contextual = self._contextual_bias(q, k, start, causal)  # (B, H, T, S) or None: CoPE
+            if gates is not None:  # FoX: the decay the gates of the keys up to each query sum to, (B, H, T, S)
+                gated = self.pe.gate_bias(gates, T, causal)
+                contextual = gated if contextual is None else contextual + gated
             if contextual is not None:
                 bias = contextual if bias is None else bias + contextual
             factor = self._logn_factor(T, start, causal, x.device)

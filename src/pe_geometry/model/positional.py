@@ -337,10 +337,23 @@ class LearnedPE(PositionalEncoding):
         return self.weight
 
 
-ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
+ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
+# Which frequencies a partial rotation (rotary_fraction < 1) gives its rotating pairs: GPT-NeoX's (over the rotated
+# dims) or p-RoPE's (full RoPE's over d_head, the lowest-frequency pairs dropped).
+PARTIAL_ROTARY_STYLES = ("neox", "p_rope")
+# YaRN's ramp between interpolated and kept pairs: linear in the turns r_i (the paper's gamma(r)), or linear in the
+# pair index between whole pairs (the official code's and transformers' find_correction_range / linear_ramp_factor).
+YARN_RAMPS = ("turns", "dims")
+RotaryFraction = Annotated[float, Interval(gt=0, le=1), "of each head's dims that rotate"]
+PartialRotary = Literal[PARTIAL_ROTARY_STYLES]
 # YaRN's defaults for Llama (Peng et al. 2023): alpha 1, beta 32 rotations within a 4096-token training length,
 # RoPE base 10000. They are rescaled to a run's training length and base by ``yarn_thresholds``.
 YARN_REFERENCE = {"training_length": 4096, "base": 10000.0, "alpha": 1.0, "beta": 32.0}
+
+
+def rotary_dims(d_head: int, rotary_fraction: float) -> int:
+    """How many of a head's ``d_head`` dims rotate: round(rotary_fraction * d_head) (even and >= 2 for RoPE)."""
+    return int(round(rotary_fraction * d_head))
 
 
 def yarn_thresholds(training_length: int, base: float) -> tuple[float, float]:
@@ -384,7 +397,24 @@ class RotaryPE(PositionalEncoding):
       g_i = clamp((r_i - alpha) / (beta - alpha), 0, 1), r_i = L_train theta_i / (2 pi) the pair's turns within the
       training length; q and k are each multiplied by ``yarn_attention_factor`` (the paper's sqrt(1/t), default
       0.1 ln s + 1), so the logits by its square. ``yarn_alpha`` / ``yarn_beta`` default to Llama's (1, 32) rescaled
-      to this training length and base (``yarn_thresholds``).
+      to this training length and base (``yarn_thresholds``). ``yarn_ramp="turns"`` (default) is the paper's gamma(r),
+      linear in r_i; ``"dims"`` is the official code's and transformers' (``find_correction_range``,
+      ``linear_ramp_factor``): linear in the pair index i between the index where r = beta, rounded down, and the
+      one where r = alpha, rounded up (the latter capped at D - 1, as there). r_i is exponential in i, so the two
+      give the same kept and interpolated pairs but other values in between;
+    - ``llama3`` (Llama 3.1): the same turns ramp with alpha = ``low_freq_factor``, beta = ``high_freq_factor``
+      (transformers' ``_compute_llama3_parameters``: wavelengths past L_train / low are divided by s, those under
+      L_train / high kept), no attention factor; L_train is ``training_length`` (original_max_position_embeddings).
+
+    ``rotary_fraction`` f < 1 rotates only the first R = round(f d_head) dims of each head (the pairs i < R/2);
+    the rest pass unchanged (frequency 0). ``partial_rotary`` says which frequencies the rotating pairs get:
+    ``neox`` (GPT-NeoX / Pythia's rotary_pct, transformers' partial_rotary_factor, which truncates f d_head where we
+    round) theta_i = base^(-2i/R); ``p_rope`` (Barbero et al. 2024) full RoPE's theta_i = base^(-2i/d_head), its
+    lowest-frequency 1 - f of the pairs not rotated. Write theta_i = base^(-2i/D) (D = R or d_head): the scalings
+    act on the rotating pairs, and the NTK exponent d/(d-2) is D/(R-2), the one that divides the lowest rotating
+    frequency by s (R/(R-2) for neox, as transformers with partial_rotary_factor). With a partial rotation the YaRN
+    factor still multiplies all of q and k (the paper's logit temperature), where transformers scales only the
+    rotated dims.
 
     Angles are computed in float64 and applied in the activations' dtype (float32 tables cast once).
     """
@@ -402,16 +432,27 @@ class RotaryPE(PositionalEncoding):
         yarn_alpha: Annotated[float | None, Ge(0), "null for the rescaled default"] = None,
         yarn_beta: Annotated[float | None, Gt(0), "null for the rescaled default"] = None,
         yarn_attention_factor: Annotated[float | None, Gt(0), "null for 0.1 ln(s) + 1"] = None,
+        yarn_ramp: Literal[YARN_RAMPS] = "turns",  # linear in a pair's turns (the paper) or in its index (the code)
+        low_freq_factor: Annotated[float, Gt(0), "llama3: turns below it interpolated"] = 1.0,
+        high_freq_factor: Annotated[float, Gt(0), "llama3: turns above it kept"] = 4.0,
+        rotary_fraction: RotaryFraction = 1.0,
+        partial_rotary: PartialRotary = "neox",
         randomize_positions: RandomizedPositions = None,
     ) -> None:
         super().__init__(d_model, n_heads, randomize_positions)
         RotaryPE.check_settings(  # RoPE's own keys (a subclass checks its own)
             d_model, n_heads, seq_len=0, base=base, scaling=scaling, scaling_factor=scaling_factor,
-            training_length=training_length, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
+            training_length=training_length, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, yarn_ramp=yarn_ramp,
+            low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor, rotary_fraction=rotary_fraction,
+            partial_rotary=partial_rotary,
         )
         d_head = d_model // n_heads
         self.base, self.d_head = base, d_head
+        self.rotary_fraction, self.partial_rotary = float(rotary_fraction), partial_rotary
+        self.rotary_dims = rotary_dims(d_head, rotary_fraction)
         self.scaling, self.scaling_factor, self.training_length = scaling, float(scaling_factor), training_length
+        self.yarn_ramp = yarn_ramp
+        self.low_freq_factor, self.high_freq_factor = float(low_freq_factor), float(high_freq_factor)
         if scaling == "yarn":
             default_alpha, default_beta = yarn_thresholds(training_length, base)
             self.yarn_alpha = default_alpha if yarn_alpha is None else float(yarn_alpha)
@@ -421,61 +462,108 @@ class RotaryPE(PositionalEncoding):
         else:
             self.attention_factor = 1.0
         self.register_buffer("inv_freq", self.frequencies(0).float(), persistent=False)
-        self._cache: tuple[int, float, torch.device, Tensor, Tensor] | None = None
+        self._cache: tuple[int, Tensor, torch.device, Tensor, Tensor] | None = None
 
     @classmethod
     def check_settings(
         cls, d_model: int, n_heads: int, seq_len: int, scaling: str = "none", scaling_factor: float = 1.0,
-        training_length: int | None = None, yarn_alpha: float | None = None, yarn_beta: float | None = None, **settings
+        training_length: int | None = None, yarn_alpha: float | None = None, yarn_beta: float | None = None,
+        yarn_ramp: str = "turns", low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+        rotary_fraction: float = 1.0, partial_rotary: str = "neox", **settings
     ) -> None:
         d_head = d_model // n_heads
         if d_head % 2:
             raise ValueError(
                 f"RoPE needs an even head dimension, got model.d_model/model.n_heads = {d_model}/{n_heads} = {d_head}"
             )
+        if not 0 < rotary_fraction <= 1:
+            raise ValueError(f"pe.rotary_fraction={rotary_fraction} must be in (0, 1] (the share of each head's dims "
+                             "that rotate)")
+        rotating = rotary_dims(d_head, rotary_fraction)
+        if rotating % 2 or rotating < 2:
+            raise ValueError(f"pe.rotary_fraction={rotary_fraction} rotates round({rotary_fraction} x {d_head}) = "
+                             f"{rotating} of the {d_head} dims of a head (model.d_model/model.n_heads = "
+                             f"{d_model}/{n_heads}); RoPE needs an even number >= 2")
+        if partial_rotary not in PARTIAL_ROTARY_STYLES:
+            raise ValueError(f"pe.partial_rotary={partial_rotary!r}; valid: {list(PARTIAL_ROTARY_STYLES)}")
         if scaling not in ROPE_SCALINGS:
             raise ValueError(f"pe.scaling={scaling!r}; valid: {list(ROPE_SCALINGS)}")
         if scaling_factor < 1:
             raise ValueError(f"pe.scaling_factor={scaling_factor} must be >= 1 (how many times the training length)")
-        if scaling in ("ntk", "dynamic_ntk") and d_head < 4:
-            raise ValueError(f"pe.scaling={scaling} needs a head dimension >= 4 (base^(d/(d-2))), got {d_head}")
-        if scaling in ("dynamic_ntk", "yarn") and (training_length is None or training_length < 1):
+        if scaling in ("ntk", "dynamic_ntk") and rotating < 4:
+            raise ValueError(f"pe.scaling={scaling} needs >= 4 rotating dims per head (base^(d/(d-2))), got {rotating} "
+                             f"(model.d_model/model.n_heads = {d_model}/{n_heads}, pe.rotary_fraction={rotary_fraction})")
+        if scaling in ("dynamic_ntk", "yarn", "llama3") and (training_length is None or training_length < 1):
             raise ValueError(f"pe.scaling={scaling} needs pe.training_length >= 1 (the length the model was trained at), "
                              f"got {training_length}")
         if yarn_alpha is not None and yarn_beta is not None and not 0 <= yarn_alpha < yarn_beta:
             raise ValueError(f"pe.yarn_alpha={yarn_alpha} and pe.yarn_beta={yarn_beta} must satisfy 0 <= alpha < beta")
+        if yarn_ramp not in YARN_RAMPS:
+            raise ValueError(f"pe.yarn_ramp={yarn_ramp!r}; valid: {list(YARN_RAMPS)}")
+        if scaling == "llama3" and not 0 < low_freq_factor < high_freq_factor:
+            raise ValueError(f"pe.low_freq_factor={low_freq_factor} and pe.high_freq_factor={high_freq_factor} must "
+                             "satisfy 0 < low < high (turns within pe.training_length)")
+
+    @property
+    def frequency_dims(self) -> int:
+        """D in theta_i = base^(-2i/D): the rotating dims (``neox``) or the whole head (``p_rope``)."""
+        return self.rotary_dims if self.partial_rotary == "neox" else self.d_head
 
     def frequencies(self, n_positions: int) -> Tensor:
         """theta_i (d_head/2,), float64 on the CPU: the angle per position of each pair for a text of ``n_positions``
-        tokens (only ``dynamic_ntk`` depends on it)."""
-        d, s = self.d_head, self.scaling_factor
-        fractions = torch.arange(0, d, 2, dtype=torch.float64) / d
+        tokens (only ``dynamic_ntk`` depends on it); 0 for the pairs a partial rotation leaves alone."""
+        rotating, d, s = self.rotary_dims // 2, self.frequency_dims, self.scaling_factor
+        fractions = torch.arange(0, 2 * rotating, 2, dtype=torch.float64) / d
         base = self.base
         if self.scaling == "ntk":
-            base = base * s ** (d / (d - 2))
+            base = base * s ** (d / (self.rotary_dims - 2))
         elif self.scaling == "dynamic_ntk" and n_positions > self.training_length:
-            base = base * (s * n_positions / self.training_length - (s - 1)) ** (d / (d - 2))
+            base = base * (s * n_positions / self.training_length - (s - 1)) ** (d / (self.rotary_dims - 2))
         theta = base ** (-fractions)
         if self.scaling == "linear":
             theta = theta / s
-        elif self.scaling == "yarn":
-            turns = self.training_length * theta / (2 * math.pi)
-            keep = ((turns - self.yarn_alpha) / (self.yarn_beta - self.yarn_alpha)).clamp(0, 1)
+        elif self.scaling in ("yarn", "llama3"):
+            keep = self._kept_share(theta)
             theta = (1 - keep) * theta / s + keep * theta
-        return theta
+        return F.pad(theta, (0, self.d_head // 2 - rotating))
+
+    def _kept_share(self, theta: Tensor) -> Tensor:
+        """g_i in [0, 1] per rotating pair (``yarn``, ``llama3``): 1 keeps theta_i as trained, 0 divides it by s."""
+        L = self.training_length
+        if self.scaling == "llama3":
+            alpha, beta = self.low_freq_factor, self.high_freq_factor
+        else:
+            alpha, beta = self.yarn_alpha, self.yarn_beta
+        if self.scaling == "llama3" or self.yarn_ramp == "turns":  # linear in the turns r_i (the paper's gamma(r))
+            turns = L * theta / (2 * math.pi)
+            return ((turns - alpha) / (beta - alpha)).clamp(0, 1)
+        # linear in the pair index, between whole pairs (YaRN's find_correction_range with truncation)
+        d = self.frequency_dims
+
+        def index(r: float) -> float:  # the (fractional) pair index that turns r times within L
+            return d * math.log(L / (2 * math.pi * r)) / (2 * math.log(self.base))
+
+        low = max(math.floor(index(beta)), 0)
+        high = min(math.ceil(index(alpha)), d - 1) if alpha > 0 else d - 1
+        if low == high:
+            high += 0.001  # as the official code: no division by zero
+        i = torch.arange(len(theta), dtype=torch.float64)
+        return 1 - ((i - low) / (high - low)).clamp(0, 1)
 
     def cache_stays_exact(self, n_positions: int) -> bool:
         return self.scaling != "dynamic_ntk" or n_positions <= self.training_length
 
     def _cos_sin(self, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
         theta = self.frequencies(seq_len)
-        key = float(theta[-1])  # dynamic_ntk: another base past the training length
-        if self._cache is None or self._cache[0] < seq_len or self._cache[1] != key or self._cache[2] != device:
+        # Keyed on every frequency: dynamic_ntk takes another base past the training length (and a partial rotation's
+        # last frequency is 0 whatever the base).
+        cache = self._cache
+        if cache is None or cache[0] < seq_len or cache[2] != device or not torch.equal(cache[1], theta):
             # Angles in float32 from float64 frequencies: a bf16 model (precision=bf16-true) also casts the
             # inv_freq buffer to bf16, whose 8-bit mantissa would put far positions at the wrong angle.
             pos = torch.arange(seq_len, device=device, dtype=torch.float32)
             angles = torch.outer(pos, theta.to(device).float())  # (T, dh/2)
-            self._cache = (seq_len, key, device, angles.cos(), angles.sin())
+            self._cache = (seq_len, theta, device, angles.cos(), angles.sin())
         _, _, _, cos, sin = self._cache
         return cos[:seq_len], sin[:seq_len]
 
@@ -518,6 +606,9 @@ class XPosPE(RotaryPE):
     call, so a cached key and a later query get different centres and its KV cache is wrong): the same token gets
     the same factor in a full pass and in every cached step.
 
+    A partial rotation (``rotary_fraction``, ``partial_rotary`` as RoPE's) puts 2i/D for 2i/d_head in zeta_i
+    (x-transformers' xPos over its rotary dims, for ``neox``), and the pairs it leaves alone do not decay (zeta 1).
+
     xPos is made for causal models: in a bidirectional encoder the same factor makes q.k *grow* with the distance to
     keys after the query (zeta^(n - m) > 1 for m > n); it is kept as the paper defines it, not symmetrised.
     """
@@ -526,21 +617,27 @@ class XPosPE(RotaryPE):
         self, d_model: int, n_heads: int, base: Base = 10000.0, gamma: Annotated[float, Gt(0)] = 0.4,
         scale_base: Annotated[float, Gt(0), "tokens"] = 512.0,
         training_length: Annotated[int, Ge(1), "the length trained at"] = 512,
+        rotary_fraction: RotaryFraction = 1.0,
+        partial_rotary: PartialRotary = "neox",
         randomize_positions: RandomizedPositions = None,
     ) -> None:
-        self.check_settings(d_model, n_heads, seq_len=0, gamma=gamma, scale_base=scale_base, training_length=training_length)
-        super().__init__(d_model, n_heads, base=base, randomize_positions=randomize_positions)
+        self.check_settings(d_model, n_heads, seq_len=0, gamma=gamma, scale_base=scale_base, training_length=training_length,
+                            rotary_fraction=rotary_fraction, partial_rotary=partial_rotary)
+        super().__init__(d_model, n_heads, base=base, rotary_fraction=rotary_fraction, partial_rotary=partial_rotary,
+                         randomize_positions=randomize_positions)
         self.gamma, self.scale_base, self.center = gamma, float(scale_base), training_length // 2
         self.training_length = training_length
-        fractions = torch.arange(0, self.d_head, 2, dtype=torch.float64) / self.d_head
-        self.register_buffer("zeta", ((fractions + gamma) / (1 + gamma)).float(), persistent=False)
+        rotating = self.rotary_dims // 2  # the pairs a partial rotation leaves alone do not decay (zeta 1)
+        fractions = torch.arange(0, 2 * rotating, 2, dtype=torch.float64) / self.frequency_dims
+        zeta = F.pad((fractions + gamma) / (1 + gamma), (0, self.d_head // 2 - rotating), value=1.0)
+        self.register_buffer("zeta", zeta.float(), persistent=False)
 
     @classmethod
     def check_settings(
         cls, d_model: int, n_heads: int, seq_len: int, gamma: float = 0.4, scale_base: float = 512.0,
-        training_length: int = 512, **settings
+        training_length: int = 512, rotary_fraction: float = 1.0, partial_rotary: str = "neox", **settings
     ) -> None:
-        super().check_settings(d_model, n_heads, seq_len)
+        super().check_settings(d_model, n_heads, seq_len, rotary_fraction=rotary_fraction, partial_rotary=partial_rotary)
         if not gamma > 0:
             raise ValueError(f"pe.gamma={gamma} must be > 0 (zeta_0 = gamma / (1 + gamma))")
         if not scale_base > 0:

@@ -36,16 +36,20 @@ def _option(group: str, node: DictConfig) -> str:
 
 
 def check_positional_encoding(cfg: DictConfig) -> None:
-    """Ask the encoding named by ``pe._target_`` whether it can work with the model and data sizes."""
+    """Ask the encoding named by ``pe._target_`` whether it can work with the model and data sizes (and, for an
+    encoding of causal stacks only, with the model's layout)."""
     pe = cfg.pe  # its keys and types were checked by the schema
     pe_class = get_class(str(pe._target_))
     settings = {k: v for k, v in pe.items() if not str(k).startswith("_")}
     sizes = (int(cfg.model.d_model), int(cfg.model.n_heads), int(cfg.data.seq_len))
     check_position_ids = getattr(pe_class, "check_position_ids", None)  # pe.randomize_positions (a user's may lack it)
+    check_causal = getattr(pe_class, "check_causal", None)  # an encoding for causal stacks only (pe=forgetting)
     try:
         pe_class.check_settings(*sizes, **settings)
         if check_position_ids is not None:
             check_position_ids(sizes[2], **settings)
+        if check_causal is not None:  # a decoder's stacks are all causal; an encoder (-decoder) has a bidirectional one
+            check_causal(getattr(get_class(str(cfg.model._target_)), "objective", "") == "next-token")
     except ValueError as err:
         raise ConfigError(f"pe={_option('pe', pe)}: {err}") from None
     precision = str(cfg.get("trainer", {}).get("precision", "32-true"))
