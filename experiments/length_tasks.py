@@ -133,10 +133,7 @@ def score_run(run_dir: Path, multipliers: list[int], n_examples: int, seed: int,
     limit = run.model.input_stack.pe.max_positions
     lengths, attention = {}, None
     for m in multipliers:
-        key = (settings["task"], settings["seq_len"], m, settings["passkey_digits"], settings["key_len"])
-        if key not in batches:
-            batches[key] = examples(settings, m, n_examples, seed)
-        batch = batches[key]
+        batch = task_examples(batches, settings, m, n_examples, seed)
         if limit is not None and m * settings["seq_len"] > limit:
             lengths[str(m)] = {"na": f"{m * settings['seq_len']} tokens are past the learned table ({limit} rows)"}
             continue
@@ -160,6 +157,44 @@ def score_run(run_dir: Path, multipliers: list[int], n_examples: int, seed: int,
     return {"run": "/".join(run_dir.resolve().parts[-2:]), "family": family, **settings,
             "seed": int(run.config.get("seed", 0)), "step": run.step, "lengths": lengths, "attention": attention,
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+def task_examples(batches: dict, settings: dict, multiplier: int, n_examples: int, seed: int):
+    """The examples of a task at a length, generated once per (task, L, multiplier, sizes) and kept in ``batches``."""
+    key = (settings["task"], settings["seq_len"], multiplier, settings["passkey_digits"], settings["key_len"])
+    if key not in batches:
+        batches[key] = examples(settings, multiplier, n_examples, seed)
+    return batches[key]
+
+
+def score_runs(folders: list[Path], args, batches: dict) -> list[dict]:
+    """Every run's scores; with ``args.cache`` (a folder) a run's scores are kept there and reused while its checkpoint
+    step and the protocol are the same, so a suite can be scored as its sweeps finish."""
+    protocol = {"multipliers": args.multipliers, "examples": args.examples, "seed": args.seed,
+                "bootstrap": args.bootstrap, "depth_bins": args.depth_bins, "attention_examples": ATTENTION_EXAMPLES}
+    runs = []
+    for run_dir in run_dirs(folders):
+        cached = args.cache / f"{run_dir.parent.name}--{run_dir.name}.json" if args.cache else None
+        if cached is not None and cached.is_file():
+            entry = json.loads(cached.read_text())
+            if entry.get("protocol") == protocol and entry["result"]["step"] == checkpoint_step(run_dir):
+                result = entry["result"]
+                for m in args.multipliers:  # the chance lines are computed on the examples themselves
+                    task_examples(batches, result, m, args.examples, args.seed)
+                runs.append(result)
+                continue
+        result = score_run(run_dir, args.multipliers, args.examples, args.seed, args.bootstrap, args.depth_bins, batches)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(json.dumps({"protocol": protocol, "result": result}))
+        runs.append(result)
+    return runs
+
+
+def checkpoint_step(run_dir: Path) -> int:
+    """The global step of a run's last checkpoint, read without building the run (the cache's key)."""
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False, mmap=True)
+    return int(checkpoint["global_step"])
 
 
 def chance_lines(batches: dict) -> dict:
@@ -354,6 +389,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="seeds the examples and the bootstrap (the same for every run)")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the examples")
     parser.add_argument("--depth-bins", type=int, default=5, help="passkey: depth bins of the depth x length grid")
+    parser.add_argument("--cache", type=Path, help="keep each run's scores here and reuse them while its step and the "
+                        "protocol are the same")
     parser.add_argument("--quick", action="store_true", help="1x/2x/4x, 128 examples, 200 resamples (the slow test)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -362,8 +399,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--examples, --bootstrap and every multiplier must be >= 1")
     start = time.perf_counter()
     batches: dict = {}
-    runs = [score_run(run_dir, args.multipliers, args.examples, args.seed, args.bootstrap, args.depth_bins, batches)
-            for run_dir in run_dirs(args.folders)]
+    runs = score_runs(args.folders, args, batches)
     chance = chance_lines(batches)
     summary = summarise(runs, args.multipliers, args.bootstrap, args.seed)
     grid = depth_grid(runs, args.multipliers)

@@ -110,5 +110,17 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
     assert beside[0].count("distance / uniform, layer") == 2
     assert {beside[2].split(" | ")[0], beside[3].split(" | ")[0]} == {"| rope", "| none"}
     assert json.loads((out / "length_tasks.json").read_text())["summary"] == payload["summary"]
+
+    # --cache: a second scoring of the same runs reads every run's scores back instead of scoring it again
+    cache = tmp_path / "cache"
+    first = script.main([str(sweep), "--out", str(tmp_path / "out1"), "--quick", "--cache", str(cache)])
+    assert len(list(cache.glob("*.json"))) == 2
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("a cached run was scored again")
+
+    script.score_run = not_again
+    again = script.main([str(sweep), "--out", str(tmp_path / "out2"), "--quick", "--cache", str(cache)])
+    assert again["summary"] == first["summary"] == payload["summary"] and again["chance"] == payload["chance"]
     assert (out / "length_tasks.png").stat().st_size > 10_000
     assert "wrote" in capsys.readouterr().out
