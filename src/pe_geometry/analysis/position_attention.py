@@ -47,9 +47,10 @@ from pe_geometry.model.positional import RotaryPE
 from pe_geometry.model.transformer import LanguageModel, record_attention
 
 
-def _mask(model: LanguageModel, T: int, device: torch.device) -> Tensor:
-    """(T, T) bool: the keys each query of block 0's self-attention sees (causal, a sliding window's band, or all)."""
-    return model.blocks[0].attn.visible_keys_mask(T, model.input_stack.causal, device)
+def _mask(model: LanguageModel, T: int, device: torch.device, block: int = 0) -> Tensor:
+    """(T, T) bool: the keys each query of a block's self-attention sees (causal, a sliding window's band, or all;
+    a layer pattern gives each layer its own window)."""
+    return model.blocks[block].attn.visible_keys_mask(T, model.input_stack.causal, device)
 
 
 def _share_sums(content: Tensor, position: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -205,7 +206,7 @@ def positional_share(model: LanguageModel, idx: Tensor) -> Tensor:
 def has_rotation(model: LanguageModel) -> bool:
     """Whether the encoding rotates queries and keys (RoPE, xPos, or RoPE inside another encoding as its ``rope``:
     pe=forgetting pe.rotary=true): the families whose share has a null."""
-    pe = model.input_stack.pe
+    pe = model.blocks[0].attn.pe  # block 0's (a layer pattern may give it another than the stack's)
     return isinstance(pe, RotaryPE) or isinstance(getattr(pe, "rope", None), RotaryPE)
 
 
@@ -213,26 +214,26 @@ def mean_attention_distance(model: LanguageModel, idx: Tensor, n_blocks: int | N
     """(distance (n_blocks, H), chance (n_blocks, H)): mean |i - j| under each head's softmax weights, and under
     uniform weights over the keys each query sees (the same for every head), averaged over queries and sequences;
     in the first ``n_blocks`` blocks (None: all)."""
-    mask = _mask(model, idx.shape[1], idx.device)
     blocks = range(len(model.blocks))[:n_blocks]
-    out, chance = [], 0.0
+    out, chances = [], []
     with record_attention(model, blocks, points=("logits",)) as record:
         # the state after block i is yielded once block i has run: its recorded logits are read, then dropped
         for i, _ in zip(range(-1, len(blocks)), model.iter_hidden_states(idx)):
             if i < 0:
                 continue
-            distance, chance = recorded_distance(record[i]["logits"], mask)
+            distance, chance = recorded_distance(record[i]["logits"], _mask(model, idx.shape[1], idx.device, i))
             record[i]["logits"] = None
             out.append(distance)
-    result = torch.stack(out)
-    return result, torch.full_like(result, chance)
+            chances.append(torch.full_like(distance, chance))
+    return torch.stack(out), torch.stack(chances)
 
 
 def position_attention_report(model: LanguageModel, idx: Tensor, n_draws: int = 20, seed: int = 0) -> dict:
     """Both figures of a trained model on token blocks idx (B, T), as plain lists (JSON-ready):
 
     ``positional_share`` (H,) block 0; ``null_mean`` / ``null_std`` (H,) for a rotation (else absent);
-    ``mean_distance`` (n_layers, H); ``distance_chance`` (n_layers,), uniform attention's.
+    ``mean_distance`` (n_layers, H); ``distance_chance`` (n_layers,), uniform attention's; with a layer pattern,
+    ``layer_schemes`` (n_layers,): each layer's position scheme in words.
     """
     with torch.no_grad():
         report = {"positional_share": positional_share(model, idx).tolist()}
@@ -240,4 +241,15 @@ def position_attention_report(model: LanguageModel, idx: Tensor, n_draws: int = 
             draws = rotation_share_draws(model, idx, n_draws, seed)
             report |= {"null_mean": draws.mean(dim=0).tolist(), "null_std": draws.std(dim=0).tolist()}
         distance, chance = mean_attention_distance(model, idx)
-    return report | {"mean_distance": distance.tolist(), "distance_chance": chance[:, 0].tolist()}
+    report |= {"mean_distance": distance.tolist(), "distance_chance": chance[:, 0].tolist()}
+    if any(block.scheme is not None for block in model.blocks):
+        report["layer_schemes"] = model.input_stack.layer_labels(_family(model.input_stack.pe))
+    return report
+
+
+def _family(pe) -> str:
+    """An encoding's family in the config's words (RotaryPE -> rope), for the layer labels."""
+    names = {"NoPE": "none", "SinusoidalPE": "sinusoidal", "LearnedPE": "learned", "RotaryPE": "rope", "XPosPE": "xpos",
+             "ALiBiPE": "alibi", "T5BiasPE": "t5_bias", "FirePE": "fire", "KerplePE": "kerple", "CoPE": "cope",
+             "ForgettingPE": "forgetting"}
+    return names.get(type(pe).__name__, type(pe).__name__)

@@ -161,7 +161,7 @@ class Decoding:
         slid = start != self._cache_start  # the window slid: start a fresh cache (see the class docstring)
         # an encoding that places every token anew as the text grows (RoPE with dynamic_ntk past the training length)
         # makes the cached keys stale: re-encode, as an uncached step does
-        if slid or not self.stack.pe.cache_stays_exact(self.tokens.shape[1] - start):
+        if slid or not self.stack.cache_stays_exact(self.tokens.shape[1] - start):
             context, self.cache = self.cache.context, KVCache(self._capacity)
             self.cache.context = context  # an encoder-decoder's encoder output does not depend on the window
             self._cache_start = start

@@ -19,7 +19,7 @@ the logits), for analysis to read instead of recomputing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from pe_geometry.model.attention import KVCache, MultiHeadAttention, SDPAttention
 from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
-from pe_geometry.model.positional import PositionalEncoding, SinusoidalPE
+from pe_geometry.model.positional import NoPE, PositionalEncoding, SinusoidalPE
 
 IGNORE_INDEX = -100  # targets with this id do not count in the loss
 
@@ -53,11 +53,78 @@ class MLP(nn.Module):
         return self.dropout(self.down(F.gelu(self.up(x))))
 
 
+LAYER_KEYS = ("pe", "window")
+
+
+@dataclass(frozen=True)
+class LayerScheme:
+    """One layer's position scheme in a ``layer_pattern``: ``pe`` None (the model's encoding), "none" (no encoding in
+    this layer: NoPE) or settings for the model's encoding family (``{"base": 1e6}``); ``window`` the attention
+    window (None: every earlier position), or ``inherit`` (the attention's own setting)."""
+
+    entry: int  # which entry of the pattern (layers that share an entry share its encoding module)
+    pe: Mapping[str, Any] | str | None = None
+    window: int | None | str = "inherit"
+
+    def describe(self, family: str) -> str:
+        """A short label: 'rope (base 1e+06), window 16', 'none', 'rope'."""
+        if self.pe == "none":
+            label = "none"
+        elif self.pe:
+            label = f"{family} ({', '.join(f'{k} {v:g}' if isinstance(v, float) else f'{k} {v}' for k, v in self.pe.items())})"
+        else:
+            label = family
+        return label if self.window == "inherit" else f"{label}, window {self.window or 'all'}"
+
+
+def _plain(value: Any) -> Any:
+    """A config's nested mappings and lists (Hydra's DictConfig/ListConfig too) as dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_plain(v) for v in value]
+    return value
+
+
+def layer_schemes(pattern: Sequence[Mapping[str, Any]] | None, n_layers: int) -> list[LayerScheme] | None:
+    """``model.layer_pattern`` read: one LayerScheme per layer (the pattern cycled over ``n_layers``), or None
+    without a pattern. A bad entry is one ValueError line naming it and the valid keys and values."""
+    if pattern is None:
+        return None
+    pattern = _plain(pattern)
+    if not isinstance(pattern, list) or not pattern:
+        raise ValueError(f"model.layer_pattern={pattern!r} must be a non-empty list of layer entries "
+                         f"(keys {list(LAYER_KEYS)}), cycled over the layers; null: every layer alike")
+    schemes = []
+    for j, entry in enumerate(pattern):
+        where = f"model.layer_pattern[{j}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}={entry!r} must be a mapping with keys among {list(LAYER_KEYS)}")
+        unknown = sorted(set(entry) - set(LAYER_KEYS))
+        if unknown:
+            raise ValueError(f"{where} has unknown key(s) {unknown}; valid: {list(LAYER_KEYS)}")
+        pe = entry.get("pe")
+        if not (pe is None or pe == "none" or isinstance(pe, dict)):
+            raise ValueError(f"{where}.pe={pe!r} must be 'none' (no encoding in this layer) or settings of the model's "
+                             "pe (e.g. {base: 1000000})")
+        window = entry.get("window", "inherit")
+        if window != "inherit" and window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                                            or window < 1):
+            raise ValueError(f"{where}.window={window!r} must be an integer >= 1 (positions a query sees) or null (all)")
+        schemes.append(LayerScheme(j, pe or None, window))
+    return [schemes[i % len(schemes)] for i in range(n_layers)]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What every layout shares: sizes, normalisation, and the factories of its parts.
 
-    ``n_layers`` counts the blocks of one stack (an encoder-decoder has that many on each side).
+    ``n_layers`` counts the blocks of one stack (an encoder-decoder has that many on each side). ``layer_pattern``
+    gives the layers position schemes of their own, cycled over the layers (as models since 2024 mix them): each
+    entry sets a layer's attention ``window`` and its encoding, ``pe: none`` (NoPE in that layer: SmolLM3 and
+    Llama 4 put one NoPE layer after three RoPE layers) or settings of the model's encoding family (Gemma 3: five
+    windowed layers with RoPE base 1e4, then one global layer with base 1e6). Encodings that act inside attention
+    only: a family that adds a term to the input (sinusoidal, learned) is added once, before every layer.
     """
 
     vocab_size: int
@@ -70,12 +137,18 @@ class ModelConfig:
     embedding: EmbeddingFactory = TokenEmbedding
     pe: PEFactory = SinusoidalPE
     attention: AttentionFactory = SDPAttention
+    layer_pattern: Annotated[list[dict[str, Any]] | None, "entries {pe: none | {settings}, window: N | null}, cycled",
+                             "null: every layer alike"] = None
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.norm not in ("pre", "post"):
             raise ValueError(f"norm must be 'pre' or 'post', got {self.norm!r}")
+        layer_schemes(self.layer_pattern, self.n_layers)  # a bad entry: one line, before anything is built
+
+    def layer_schemes(self) -> list[LayerScheme] | None:
+        return layer_schemes(self.layer_pattern, self.n_layers)
 
     @property
     def mlp_width(self) -> int:
@@ -90,11 +163,14 @@ class Block(nn.Module):
     ``norm="post"`` normalises after the residual sum, as in Vaswani et al.
     """
 
-    def __init__(self, config: ModelConfig, pe: PositionalEncoding, cross_attention: bool = False) -> None:
+    def __init__(self, config: ModelConfig, pe: PositionalEncoding, cross_attention: bool = False,
+                 scheme: LayerScheme | None = None) -> None:
         super().__init__()
         d_model, n_heads, dropout = config.d_model, config.n_heads, config.dropout
         self.norm = config.norm
-        self.attn = config.attention(d_model=d_model, n_heads=n_heads, pe=pe, dropout=dropout)
+        self.scheme = scheme  # this layer's entry of model.layer_pattern (None: no pattern)
+        own = {} if scheme is None or scheme.window == "inherit" else {"window": scheme.window}
+        self.attn = config.attention(d_model=d_model, n_heads=n_heads, pe=pe, dropout=dropout, **own)
         self.ln_attn = nn.LayerNorm(d_model)
         self.cross_attn = config.attention(d_model=d_model, n_heads=n_heads, dropout=dropout) if cross_attention else None
         self.ln_cross = nn.LayerNorm(d_model) if cross_attention else None
@@ -168,8 +244,44 @@ class Stack(nn.Module):
         self.pe = config.pe(d_model=config.d_model, n_heads=config.n_heads)
         self.pe.causal = causal  # a relative encoding may differ by direction (T5's buckets, CoPE's tables)
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, self.pe, cross_attention) for _ in range(config.n_layers))
+        schemes = config.layer_schemes()
+        # a layer pattern's own encodings, one per entry that sets one (the layers of an entry share it)
+        self.layer_pes = nn.ModuleDict()
+        encodings = [self._layer_encoding(config, scheme, causal) for scheme in schemes] if schemes else None
+        self.blocks = nn.ModuleList(
+            Block(config, encodings[i] if encodings else self.pe, cross_attention, schemes[i] if schemes else None)
+            for i in range(config.n_layers)
+        )
         self.ln_final = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+
+    def _layer_encoding(self, config: ModelConfig, scheme: LayerScheme, causal: bool) -> PositionalEncoding:
+        """The encoding a layer of the pattern uses: the stack's, NoPE, or the stack's family with other settings."""
+        if scheme.pe is None:
+            return self.pe
+        if type(self.pe).input_term is not PositionalEncoding.input_term:
+            raise ValueError(f"model.layer_pattern[{scheme.entry}].pe={scheme.pe!r}: pe={type(self.pe).__name__} adds its "
+                             "term to the input, once for every layer; a layer pattern sets encodings that act inside "
+                             "attention (rope, xpos, alibi, t5_bias, fire, kerple, cope, forgetting, none)")
+        key = str(scheme.entry)
+        if key not in self.layer_pes:
+            if scheme.pe == "none":
+                pe = NoPE(config.d_model, config.n_heads)
+            else:
+                pe = config.pe(d_model=config.d_model, n_heads=config.n_heads, **scheme.pe)
+            pe.causal = causal
+            self.layer_pes[key] = pe
+        return self.layer_pes[key]
+
+    def encodings(self) -> list[PositionalEncoding]:
+        """Every encoding the stack uses: its own, then a layer pattern's."""
+        return [self.pe, *self.layer_pes.values()]
+
+    def cache_stays_exact(self, n_positions: int) -> bool:
+        return all(pe.cache_stays_exact(n_positions) for pe in self.encodings())
+
+    def layer_labels(self, family: str) -> list[str]:
+        """Each layer's position scheme in words (``family``: the model's pe option), for the per-layer figures."""
+        return [block.scheme.describe(family) if block.scheme is not None else family for block in self.blocks]
 
     def embed(self, idx: Tensor, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
         """What the first block reads: scaled token embedding plus the PE input term
@@ -246,7 +358,8 @@ class LanguageModel(nn.Module):
             self.head.weight = self.W_E
         for stack in self.modules():  # last: an encoding may start from the final E (see PositionalEncoding.finish_init)
             if isinstance(stack, Stack):
-                stack.pe.finish_init(stack.embedding)
+                for pe in stack.encodings():
+                    pe.finish_init(stack.embedding)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

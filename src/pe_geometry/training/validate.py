@@ -13,7 +13,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from pe_geometry.data.tokenizer import check_tokenizer_settings
-from pe_geometry.training.schema import SchemaError, check_schema
+from pe_geometry.training.schema import SchemaError, check_node, check_schema
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,48 @@ def check_attention(cfg: DictConfig) -> None:
         log.warning("attention=%s: %s", _option("attention", attention), line)
 
 
+def check_layer_pattern(cfg: DictConfig) -> None:
+    """``model.layer_pattern``: its entries read (``model.transformer.layer_schemes``), each entry's pe settings known
+    to the model's encoding family and workable with the sizes, its window accepted by the attention, and no per-layer
+    encoding beside an encoding that adds its term to the input (it is added once, before every layer)."""
+    pattern = cfg.model.get("layer_pattern")
+    if pattern is None:
+        return
+    from pe_geometry.model.positional import PositionalEncoding
+    from pe_geometry.model.transformer import layer_schemes
+
+    try:
+        schemes = layer_schemes(pattern, int(cfg.model.n_layers))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    pe_class = get_class(str(cfg.pe._target_))
+    settings = {k: v for k, v in cfg.pe.items() if not str(k).startswith("_")}
+    sizes = (int(cfg.model.d_model), int(cfg.model.n_heads), int(cfg.data.seq_len))
+    for scheme in {s.entry: s for s in schemes}.values():
+        where = f"model.layer_pattern[{scheme.entry}]"
+        if scheme.pe is not None and pe_class.input_term is not PositionalEncoding.input_term:
+            raise ConfigError(f"{where}.pe={scheme.pe!r}: pe={_option('pe', cfg.pe)} adds its term to the input, once "
+                              "for every layer; a layer pattern sets encodings that act inside attention (rope, xpos, "
+                              "alibi, t5_bias, fire, kerple, cope, forgetting, none)")
+        if isinstance(scheme.pe, dict):  # the schema's own check (keys, types, ranges) on the layer's settings
+            node = {"_target_": str(cfg.pe._target_), **settings, **scheme.pe}
+            lines, _ = check_node("pe", node, _option("pe", cfg.pe))
+            if lines:
+                raise ConfigError("; ".join(line.replace("pe.", f"{where}.pe.", 1) for _, line in lines))
+            try:
+                pe_class.check_settings(*sizes, **{**settings, **scheme.pe})
+            except ValueError as err:
+                raise ConfigError(f"{where}.pe: {err}") from None
+        attention = cfg.get("attention")
+        check = getattr(get_class(str(attention._target_)), "check_settings", None) if attention else None
+        if scheme.window != "inherit" and check is not None:
+            own = {k: v for k, v in attention.items() if not str(k).startswith("_")}
+            try:
+                check(*sizes, **{**own, "window": scheme.window})
+            except ValueError as err:
+                raise ConfigError(f"{where}.window: {err}") from None
+
+
 def check_data(cfg: DictConfig) -> None:
     """The tokenizer's vocabulary (a corpus), or the data class's own ``check_settings(model_objective, **settings)``
     (data=task: the task fits ``data.seq_len``, the model is a decoder)."""
@@ -140,5 +182,6 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}; valid n_heads: {divisors}")
     check_positional_encoding(cfg)
     check_attention(cfg)
+    check_layer_pattern(cfg)
     check_data(cfg)
     check_run_settings(cfg)
