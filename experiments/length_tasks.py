@@ -61,6 +61,7 @@ TOKENS_PER_FORWARD = 8192  # examples per forward = this // the block's length (
 ATTENTION_EXAMPLES = 64  # examples at the training length that the attention figures read
 QUICK = {"multipliers": [1, 2, 4], "examples": 128, "bootstrap": 200}
 METRICS = ("exact_match", "token_accuracy")
+DISAGREE = 0.25  # seeds whose 1x score spans more than this (either metric) disagree: the issue's cue for 5 seeds
 
 
 def eval_seed(seed: int, task: str, multiplier: int, seq_len: int) -> int:
@@ -258,6 +259,19 @@ def depth_grid(runs: list[dict], multipliers: list[int]) -> dict:
     return dict(grid)
 
 
+def disagreeing(summary: dict, multipliers: list[int]) -> dict[str, list[str]]:
+    """task -> the families whose seeds disagree at 1x (a metric's seed range wider than ``DISAGREE``) while fewer
+    than 5 seeds were run: where two more seeds are due."""
+    out = {}
+    for task, families in sorted(summary.items()):
+        cell_of = {f: e["lengths"][str(multipliers[0])] for f, e in families.items()}
+        due = [f for f, c in sorted(cell_of.items()) if "na" not in c and c["seeds"] < 5
+               and any(c[f"{m}_max"] - c[f"{m}_min"] > DISAGREE for m in METRICS)]
+        if due:
+            out[task] = due
+    return out
+
+
 def _cell(cell: dict, metric: str) -> str:
     if "na" in cell:
         return "n/a"
@@ -409,8 +423,9 @@ def main(argv: list[str] | None = None) -> dict:
     protocol = (f"{args.examples} examples per task and length (sizes=full, evaluation seed {args.seed}, the same for "
                 "every run), scored on the answer tokens; a cell: the mean over seeds (95 % bootstrap interval over "
                 f"examples, {args.bootstrap} resamples, paired across seeds; the seeds' min–max)")
+    due = disagreeing(summary, args.multipliers)
     payload = {"protocol": protocol, "multipliers": args.multipliers, "summary": summary, "chance": chance,
-               "passkey_by_depth": grid, "runs": runs, "machine": f"{platform.machine()}, torch {torch.__version__}",
+               "passkey_by_depth": grid, "seeds_disagree": due, "runs": runs, "machine": f"{platform.machine()}, torch {torch.__version__}",
                "seconds": round(time.perf_counter() - start)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "length_tasks.json").write_text(json.dumps(payload, indent=1))
@@ -423,9 +438,14 @@ def main(argv: list[str] | None = None) -> dict:
         f"<folders> --out <here>`); {protocol}. Chance lines (`data.tasks.window_chance` on the same examples): a model "
         "that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet.\n\n"
         f"{tables}\n\n![accuracy vs length](length_tasks.png)\n\n## Accuracy beside position\n\n{beside}\n"
-        + (f"\n## Passkey: depth x length\n\n{depth}\n" if depth else ""))
+        + (f"\n## Passkey: depth x length\n\n{depth}\n" if depth else "")
+        + (f"\n## Seeds that disagree\n\nAt {args.multipliers[0]}x a metric's seed range is wider than {DISAGREE} "
+           "with fewer than 5 seeds: " + "; ".join(f"{t}: {', '.join(f)}" for t, f in due.items()) + "\n" if due else ""))
     plot(summary, chance, args.multipliers, args.out / "length_tasks.png")
     print(tables)
+    for task, families in due.items():
+        print(f"seeds disagree at {args.multipliers[0]}x (range > {DISAGREE}), two more seeds due: {task}: "
+              + ", ".join(families))
     print(f"wrote {args.out}/length_tasks.{{json,md,png}} in {time.perf_counter() - start:.0f} s")
     return payload
 

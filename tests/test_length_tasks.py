@@ -124,3 +124,16 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
     assert again["summary"] == first["summary"] == payload["summary"] and again["chance"] == payload["chance"]
     assert (out / "length_tasks.png").stat().st_size > 10_000
     assert "wrote" in capsys.readouterr().out
+
+
+def test_the_families_whose_seeds_disagree_are_named_for_two_more_seeds():
+    script = load_script()
+
+    def cell(low, high, seeds=3):
+        return {"seeds": seeds, "exact_match_min": low, "exact_match_max": high, "token_accuracy_min": low,
+                "token_accuracy_max": high}
+
+    summary = {"copy": {"rope": {"lengths": {"1": cell(0.0, 0.9)}}, "none": {"lengths": {"1": cell(0.1, 0.2)}},
+                        "alibi": {"lengths": {"1": cell(0.0, 0.9, seeds=5)}}},
+               "passkey": {"learned": {"lengths": {"1": {"na": "past the table"}}}}}
+    assert script.disagreeing(summary, [1, 2]) == {"copy": ["rope"]}  # 5 seeds already: not due again
