@@ -162,6 +162,11 @@ def arm_label(pe: str, config) -> str:
     """A run's arm: its ``pe=`` option with what sets it apart, e.g. 'rope (window 32)', 't5_bias (max_distance 64)',
     'sinusoidal (word-norm table)'."""
     parts = pe_variant(config) + attention_variant(config)
+    pattern = (config.get("model") or {}).get("layer_pattern")
+    if pattern:  # a scheme per layer: never pooled with the plain family
+        from pe_geometry.analysis.runs import pattern_label
+
+        parts.append(pattern_label(pattern))
     return f"{pe} ({', '.join(parts)})" if parts else pe
 
 

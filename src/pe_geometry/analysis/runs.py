@@ -42,7 +42,24 @@ ARM_SWITCHES = [
     (("pe", "freeze"), False, "frozen table"),
     (("pe", "shuffle"), False, "rows shuffled per sequence"),
     (("pe", "rotary"), False, "with RoPE"),  # pe=forgetting pe.rotary=true: the gates and a rotation
+    (("pe", "rotary_fraction"), 1.0, "rotary_fraction {value}"),  # partial RoPE (rope, xpos)
+    (("pe", "partial_rotary"), "neox", "{value}"),
+    (("model", "layer_pattern"), None, "{value}"),  # a scheme per layer
 ]
+
+
+def pattern_label(pattern) -> str:
+    """A layer pattern in a few words, one item per entry: 'layers [=, =, =, none]' (=: the model's encoding as
+    configured; none: NoPE; a setting: 'base 1e+06'; a window: 'w16', 'w all')."""
+    items = []
+    for entry in pattern:
+        pe, window = entry.get("pe"), entry.get("window", "inherit")
+        item = "none" if pe == "none" else ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                                      for k, v in (pe or {}).items()) or "="
+        if window != "inherit":
+            item += f" w{window or ' all'}"
+        items.append(item)
+    return f"layers [{'; '.join(items)}]"
 
 
 def arm_labels(config: dict) -> list[str]:
@@ -51,7 +68,8 @@ def arm_labels(config: dict) -> list[str]:
     for (section, key), default, label in ARM_SWITCHES:
         value = (config.get(section) or {}).get(key, default)
         if value != default:
-            labels.append(label + (f" k={config['pe'].get('init_k')}" if key == "init" else ""))
+            shown = pattern_label(value) if key == "layer_pattern" else value
+            labels.append(label.format(value=shown) + (f" k={config['pe'].get('init_k')}" if key == "init" else ""))
     return labels
 
 @dataclass
