@@ -259,6 +259,39 @@ def depth_grid(runs: list[dict], multipliers: list[int]) -> dict:
     return dict(grid)
 
 
+def glance_table(summary: dict, chance: dict, multipliers: list[int]) -> str:
+    """One row per family, one column per task: token accuracy at 1x / the middle length / the longest (exact match
+    at 1x in brackets), the seeds' mean; the last rows: what a model that sees only its training length scores."""
+    shown = [multipliers[0], multipliers[len(multipliers) // 2], multipliers[-1]]
+    tasks = sorted(summary)
+    families = sorted({f for t in tasks for f in summary[t]})
+    head = "| family | " + " | ".join(f"{t}: token accuracy {' / '.join(f'{m}x' for m in shown)} (exact at {shown[0]}x)"
+                                     for t in tasks) + " |"
+    lines = [head, "|" + "---|" * (len(tasks) + 1)]
+
+    def cell(entry: dict | None) -> str:
+        if entry is None:
+            return "–"
+        cells = [entry["lengths"][str(m)] for m in shown]
+        values = " / ".join("n/a" if "na" in c else f"{c['token_accuracy']:.2f}" for c in cells)
+        return values + ("" if "na" in cells[0] else f" ({cells[0]['exact_match']:.2f})")
+
+    for family in families:
+        lines.append(f"| {family} | " + " | ".join(cell(summary[t].get(family)) for t in tasks) + " |")
+    for line, name in (("window", "chance: sees only its training length"), ("uniform", "chance: uniform guess")):
+        cells = []
+        for t in tasks:
+            by_length = chance.get(t, {})
+            by_m = by_length[sorted(by_length)[0]] if by_length else {}
+            if not all(str(m) in by_m for m in shown):
+                cells.append("–")
+                continue
+            values = " / ".join(f"{by_m[str(m)][line]['token_accuracy']:.2f}" for m in shown)
+            cells.append(f"{values} ({by_m[str(shown[0])][line]['exact_match']:.2f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def disagreeing(summary: dict, multipliers: list[int]) -> dict[str, list[str]]:
     """task -> the families whose seeds disagree at 1x (a metric's seed range wider than ``DISAGREE``) while fewer
     than 5 seeds were run: where two more seeds are due."""
@@ -432,12 +465,14 @@ def main(argv: list[str] | None = None) -> dict:
     tables = markdown_tables(summary, chance, args.multipliers)
     depth = depth_tables(grid, args.multipliers)
     beside = position_tables(summary, args.multipliers)
+    glance = glance_table(summary, chance, args.multipliers)
     sweeps = ", ".join(sorted({r["run"].split("/")[0] for r in runs}))
     (args.out / "length_tasks.md").write_text(
         f"# Length generalisation on tasks\n\n{len(runs)} runs from {sweeps} (`python experiments/length_tasks.py "
         f"<folders> --out <here>`); {protocol}. Chance lines (`data.tasks.window_chance` on the same examples): a model "
         "that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet.\n\n"
-        f"{tables}\n\n![accuracy vs length](length_tasks.png)\n\n## Accuracy beside position\n\n{beside}\n"
+        f"## At a glance\n\n{glance}\n\n## Per task\n\n{tables}\n\n![accuracy vs length](length_tasks.png)\n\n"
+        f"## Accuracy beside position\n\n{beside}\n"
         + (f"\n## Passkey: depth x length\n\n{depth}\n" if depth else "")
         + (f"\n## Seeds that disagree\n\nAt {args.multipliers[0]}x a metric's seed range is wider than {DISAGREE} "
            "with fewer than 5 seeds: " + "; ".join(f"{t}: {', '.join(f)}" for t, f in due.items()) + "\n" if due else ""))

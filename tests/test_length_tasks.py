@@ -98,6 +98,11 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
         assert block[0] == "| family | 1x | 2x | 4x |" and len(block) == 2 + 2 + 2
         assert {row.split(" | ")[0] for row in block[2:4]} == {"| rope", "| none"}
         assert all(row.count("|") == 5 for row in block)
+    # at a glance: a row per family and the two chance rows, a column per task (token accuracy at 1x / 2x / 4x)
+    glance = md.split("## At a glance\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert glance[0] == "| family | copy: token accuracy 1x / 2x / 4x (exact at 1x) |" and len(glance) == 2 + 2 + 2
+    assert glance[-2].startswith("| chance: sees only its training length | 1.00 / ")
+
     # beside the accuracy, where each family puts position on the task's own examples at 1x: NoPE has no positional
     # share (exactly 0: nothing in its scores depends on position), RoPE a rotation null; a distance per layer
     for run in payload["runs"]:
