@@ -332,21 +332,24 @@ def markdown_tables(summary: dict, chance: dict, multipliers: list[int]) -> str:
 
 
 def position_tables(summary: dict, multipliers: list[int]) -> str:
-    """Per task: each family's exact match at 1x, the middle and the longest length beside where it puts position at
-    1x (block 0's positional share of the score variance, the rotation null's mean for a rotation; per layer, the
-    attention distance over uniform attention's), seeds' mean ± sd."""
+    """Per task: each family's token accuracy at 1x, the middle and the longest length (and exact match at 1x) beside
+    where it puts position at 1x (block 0's positional share of the score variance, the rotation null's mean for a
+    rotation; per layer, the attention distance over uniform attention's), seeds' mean ± sd."""
     shown = sorted({multipliers[0], multipliers[len(multipliers) // 2], multipliers[-1]})
     parts = []
     for task in sorted(summary):
         entries = summary[task]
         n_layers = max((len(e["attention"]["distance_ratio"]) for e in entries.values() if e.get("attention")), default=0)
-        head = ("| family | " + " | ".join(f"exact {m}x" for m in shown) + " | block-0 positional share (null) | "
+        head = ("| family | " + " | ".join(f"token acc. {m}x" for m in shown) + f" | exact {shown[0]}x | "
+                "block-0 positional share (null) | "
                 + " | ".join(f"distance / uniform, layer {i}" for i in range(n_layers)) + " |")
         lines = [f"**{task}: accuracy beside where the family puts position**", "", head,
-                 "|" + "---|" * (len(shown) + 2 + n_layers)]
+                 "|" + "---|" * (len(shown) + 3 + n_layers)]
         for family, entry in sorted(entries.items(), key=lambda kv: _order(kv[1], "exact_match", multipliers)):
-            cells = ["n/a" if "na" in entry["lengths"][str(m)] else f"{entry['lengths'][str(m)]['exact_match']:.2f}"
+            cells = ["n/a" if "na" in entry["lengths"][str(m)] else f"{entry['lengths'][str(m)]['token_accuracy']:.2f}"
                      for m in shown]
+            first = entry["lengths"][str(shown[0])]
+            cells.append("n/a" if "na" in first else f"{first['exact_match']:.2f}")
             a = entry.get("attention")
             if a:
                 share = f"{a['positional_share']['mean']:.3f} ± {a['positional_share']['sd']:.3f}"

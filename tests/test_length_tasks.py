@@ -111,7 +111,8 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
         assert ("null_mean" in attention) == (run["family"] == "rope")
     assert payload["summary"]["copy"]["none"]["attention"]["positional_share"]["mean"] == pytest.approx(0.0, abs=1e-6)
     beside = md.split("**copy: accuracy beside where the family puts position**\n\n", 1)[1].splitlines()
-    assert beside[0].startswith("| family | exact 1x | exact 2x | exact 4x | block-0 positional share (null) | ")
+    assert beside[0].startswith("| family | token acc. 1x | token acc. 2x | token acc. 4x | exact 1x | "
+                                "block-0 positional share (null) | ")
     assert beside[0].count("distance / uniform, layer") == 2
     assert {beside[2].split(" | ")[0], beside[3].split(" | ")[0]} == {"| rope", "| none"}
     assert json.loads((out / "length_tasks.json").read_text())["summary"] == payload["summary"]
