@@ -113,6 +113,9 @@ def pytest_keyboard_interrupt(excinfo) -> None:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    from tests import forkserver
+
+    forkserver.kill_all()  # the processes forked for this worker (children of its fork server, not of it)
 
 
 @pytest.fixture(autouse=True)

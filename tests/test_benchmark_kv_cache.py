@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import forkserver
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "benchmark_kv_cache.py"
 
@@ -15,7 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "benchmark_kv_cac
 @pytest.mark.slow  # runs experiments/benchmark_kv_cache.py in a subprocess
 def test_the_kv_cache_benchmark_quick_mode_measures_the_cache_each_arm_keeps():
     """The cache read tensor by tensor holds exactly the formula's bytes, n_heads / n_kv_heads fewer than MHA's."""
-    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--profile"], capture_output=True, text=True,
+    result = forkserver.run([sys.executable, str(SCRIPT), "--quick", "--profile"], capture_output=True, text=True,
                             timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout

@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException
 
 from pe_geometry.training.validate import ConfigError, check_config
+from tests import forkserver
 from tests.conftest import CONFIG_DIR, ROOT, compose_train_config
 
 GROUPS = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra")
@@ -63,7 +64,7 @@ def test_bad_values_are_rejected_with_a_clear_message(overrides, message, tmp_pa
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PE_CACHE_DIR": str(cwd / "cache")}
-    return subprocess.run(
+    return forkserver.run(
         [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={cwd / 'run'}"],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
     )

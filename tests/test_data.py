@@ -27,6 +27,7 @@ from pe_geometry.data.corpus import VALIDATION_PLAYS, CorpusError, ShakespeareCo
 from pe_geometry.data.datamodule import BlockDataset, TextDataModule
 from pe_geometry.data.hf import HFDataModule
 from pe_geometry.data.tokenizer import MAX_RUN_CHARS, check_tokenizer_settings, train_tokenizer, training_sample
+from tests import forkserver
 from tests.conftest import ROOT, TINY, compose_train_config
 
 PLAY = """# A Play
@@ -403,7 +404,7 @@ def test_train_py_with_data_hf_and_relative_parquet_files(tmp_path, parquet_file
     args = ["data=hf", "data.path=parquet", "data.data_files={train: a.parquet, validation: b.parquet}", "data.text_column=story",
             *TINY, "logger=csv", "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"]
     env = {**os.environ, "PE_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+    result = forkserver.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     info = json.loads((tmp_path / "run" / "run_info.json").read_text())

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, LearnedPE, SDPAttention
 from pe_geometry.model.sampling import Decoding, fill_masks, generate, next_token, token_nll, top_k_filter, top_p_filter
+from tests import forkserver
 from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, tiny_train_config
 from tests.test_attention import build, live
 
@@ -369,7 +370,7 @@ def test_cli_is_a_console_script(trained_runs, tmp_path):
     ckpt = trained_runs["decoder"] / "checkpoints" / "last.ckpt"
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(ROOT / "generate.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        return forkserver.run([sys.executable, str(ROOT / "generate.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
     sampled = cli(f"ckpt_path={ckpt}", "prompt=HAMLET: To be", "max_new_tokens=10", "num_samples=2", "seed=3")
     assert sampled.returncode == 0, sampled.stderr[-2000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from pe_geometry.analysis.geometry_callback import GeometryCallback
 from pe_geometry.analysis.probes import frequent_token_ids
 from pe_geometry.model import DecoderLM, ExplicitAttention, SinusoidalPE
 from pe_geometry.training.pipeline import train
+from tests import forkserver
 from tests.conftest import PE_TYPES, tiny_train_config
 
 CADENCE = ["trainer.max_steps=5", "callbacks.geometry.every_n_steps=2",
@@ -174,7 +174,7 @@ def test_a_record_in_one_block_chunks_equals_one_chunk_and_the_probe_shares_its_
 @pytest.mark.slow  # runs experiments/benchmark_geometry_scaling.py in a subprocess
 def test_the_scaling_benchmark_quick_mode_prints_the_table_shares_and_cost_law():
     script = Path(__file__).resolve().parents[1] / "experiments" / "benchmark_geometry_scaling.py"
-    result = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300, check=False)
+    result = forkserver.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert re.search(r"^versions: python [\d.]+, torch \S+", out, re.MULTILINE), out

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from pe_geometry.model import DecoderLM
 from pe_geometry.training.optimizer import adamw_warmup_cosine
 from pe_geometry.training.run_loader import build_model
 from pe_geometry.training.validate import ConfigError, check_config
+from tests import forkserver
 from tests.conftest import ROOT, compose_train_config
 
 # GPT-2 small (Radford et al. 2019) with this preset's vocabulary
@@ -144,7 +144,7 @@ def test_trainer_gpu_without_cuda_is_refused(tmp_path, monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_trainer_gpu_without_cuda_is_one_error_line_and_no_run_folder(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run(
+    result = forkserver.run(
         [sys.executable, str(ROOT / "train.py"), "experiment=gpt2_small", "trainer=gpu", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path, env={**os.environ, "PE_CACHE_DIR": str(tmp_path / "cache")}, capture_output=True, text=True, timeout=300,
     )

@@ -31,6 +31,7 @@ import torch
 
 from pe_geometry.training import sweep
 from pe_geometry.training.run_folder import RunFolderInUse, check_not_in_use, claim_run_folder
+from tests import forkserver
 from tests.conftest import ROOT, TINY
 from tests.test_reliability import corpus_args, error_lines, finish, load_ckpt, start, wait_until
 from tests.test_signals import NO_GEOMETRY
@@ -96,7 +97,7 @@ def test_kill_9_of_a_parallel_sweep_stops_its_workers_and_the_continuation_match
         assert last_step(job) < steps, "the kill came after the job had finished: nothing tested"
         assert f"the sweep's process (pid {proc.pid}) is gone" in (job / "train.log").read_text()
 
-    continued = subprocess.run([*cmd, "ckpt_path=auto"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    continued = forkserver.run([*cmd, "ckpt_path=auto"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert continued.returncode == 0, continued.stderr[-3000:]
     for job in jobs:
         assert list(job.glob("csv/resume-step*/metrics.csv")), f"{job.name} did not resume"
@@ -226,7 +227,7 @@ def test_ctrl_c_on_a_sweep_prints_the_command_that_continues_it_and_records_its_
     if launcher == "local_parallel":
         return  # (its continuation: the kill -9 test above)
     printed = shlex.split(expected)
-    continued = subprocess.run([sys.executable, str(ROOT / "train.py"), *printed[1:]], cwd=tmp_path, env=ENV,
+    continued = forkserver.run([sys.executable, str(ROOT / "train.py"), *printed[1:]], cwd=tmp_path, env=ENV,
                                capture_output=True, text=True, timeout=300)
     assert continued.returncode == 0, continued.stderr[-3000:]
     job0, job1 = sorted(sweep_dir.glob("[01]_*"))

@@ -35,6 +35,7 @@ from pe_geometry.training.pipeline import build_model, train
 from pe_geometry.training.resume import read_checkpoint
 from pe_geometry.training.task import NonFiniteLossError
 from pe_geometry.training.validate import ConfigError
+from tests import forkserver
 from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, compose_train_config, tiny_train_config
 
 # A run long enough to interrupt: 34 batches per epoch on the tiny corpus, so 60 steps cross an
@@ -70,7 +71,7 @@ def corpus_args(corpus: dict[str, Path]) -> list[str]:
 def start(run_dir: Path, args: list[str], cache: Path) -> subprocess.Popen:
     """``python train.py <args>`` into ``run_dir``; one thread, so two runs fit the 2 cores side by side."""
     env = {**os.environ, "PE_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
+    return forkserver.Popen(
         [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
         cwd=run_dir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group, so a timeout can end DDP's rank 1 too
@@ -731,7 +732,7 @@ def test_interrupt_then_resume_matches_the_uninterrupted_run(sig, tmp_path, tiny
 def test_a_failed_sweep_job_is_reported_and_the_sweep_goes_on(tmp_path, tiny_corpus, cache_dir):
     env = {**os.environ, "PE_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1"}
     args = [*corpus_args(tiny_corpus), *RUN, "trainer.max_steps=2", "model.n_heads=3,4", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *args], cwd=tmp_path, env=env,
+    result = forkserver.run([sys.executable, str(ROOT / "train.py"), "-m", *args], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr

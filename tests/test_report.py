@@ -8,7 +8,6 @@ import csv
 import importlib.util
 import json
 import math
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +18,7 @@ from pe_geometry.analysis import geometry as geo
 from pe_geometry.analysis.extrapolation import evaluate_lengths
 from pe_geometry.cli.report import main as report_main
 from pe_geometry.training.validate import ConfigError, check_config
+from tests import forkserver
 from tests.conftest import PE_TYPES, ROOT, causal_only, compose_train_config
 
 STUDIES = ["orthogonality", "orthogonality_encoder"]
@@ -126,7 +126,7 @@ def sweep(tmp_path_factory, tiny_corpus):
         f"data.corpus.train_files=[{tiny_corpus['train']}]", f"data.corpus.val_files=[{tiny_corpus['validation']}]",
         f"paths.cache_dir={root / 'cache'}", f"hydra.sweep.dir={root / 'sweep'}", *TINY_SWEEP,
     ]
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=root, capture_output=True, text=True, timeout=300)
+    result = forkserver.run([sys.executable, str(ROOT / "train.py"), *args], cwd=root, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return root / "sweep"
 

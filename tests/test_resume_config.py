@@ -18,6 +18,7 @@ from pe_geometry.training.pipeline import train
 from pe_geometry.training.resume import choice_contradictions, overridden_keys, resumed_config
 from pe_geometry.training.run_folder import stage_resume
 from pe_geometry.training.validate import ConfigError
+from tests import forkserver
 from tests.conftest import ROOT, compose_train_config, tiny_train_config
 from tests.test_reliability import corpus_args
 
@@ -156,7 +157,8 @@ def test_a_run_folder_moved_elsewhere_resumes_in_its_new_place():
 # -- through the command line ---------------------------------------------------------------------
 def _train_py(args: list[str], cwd: Path, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PE_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return forkserver.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -23,6 +22,7 @@ from pe_geometry.cli.train import report_stop
 from pe_geometry.training.interrupt import GracefulStop
 from pe_geometry.training.pipeline import train
 from pe_geometry.training.task import LanguageModelTask
+from tests import forkserver
 from tests.conftest import ROOT, TINY, tiny_train_config
 from tests.test_reliability import HAS_GEOMETRY, assert_same_series, corpus_args, finish, load_ckpt, logged_steps, start
 
@@ -122,7 +122,7 @@ def test_a_signal_after_the_run_has_finished_still_exits_0(sig, when, tmp_path, 
     (tmp_path / "driver.py").write_text(DRIVER)
     args = [*corpus_args(tiny_corpus), *TINY, "logger=csv", *NO_GEOMETRY, f"hydra.run.dir={run}"]
     env = {**os.environ, "PE_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, str(tmp_path / "driver.py"), sig.name, when, str(ROOT / "train.py"), *args],
+    result = forkserver.run([sys.executable, str(tmp_path / "driver.py"), sig.name, when, str(ROOT / "train.py"), *args],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]  # was -15 (SIGTERM), or 130 and "Ctrl-C twice" (SIGINT)
     assert "Traceback" not in result.stderr and not [line for line in result.stderr.splitlines() if line.startswith("error:")]

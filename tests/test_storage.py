@@ -35,6 +35,7 @@ from pe_geometry.training.callbacks import AtomicCheckpointIO, _CrashSafeMetrics
 from pe_geometry.training.pipeline import check_writable, train
 from pe_geometry.training.storage import quiet_log_file_errors, storage_failure
 from pe_geometry.training.validate import ConfigError
+from tests import forkserver
 from tests.conftest import ROOT, TINY, tiny_train_config
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="FakeDisk tells files apart by /proc/self/fd")
@@ -277,7 +278,7 @@ def test_cli_a_log_file_on_a_full_disk_gives_one_warning_and_the_run_goes_on(tmp
     def train_py(*extra: str) -> subprocess.CompletedProcess:
         args = [*_corpus_args(tiny_corpus), "hydra.job_logging.handlers.file.filename=/dev/full", "~callbacks.geometry",
                 "~callbacks.sample", *extra]
-        return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=_train_py_env(cache_dir),
+        return forkserver.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=_train_py_env(cache_dir),
                               capture_output=True, text=True, timeout=240)
 
     result = train_py("trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'run'}")

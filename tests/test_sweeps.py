@@ -32,6 +32,7 @@ from omegaconf import OmegaConf, open_dict
 from hydra_plugins.pe_geometry.launchers import how_it_died
 from pe_geometry.training import sweep
 from pe_geometry.training.names import MAX_NAME_CHARS
+from tests import forkserver
 from tests.conftest import CONFIG_DIR, ROOT, TINY
 
 
@@ -193,7 +194,7 @@ def last_step(run: Path) -> int:
 
 def start_and_kill_job_0(cmd: list[str], sweep_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
     """Start the sweep, ``kill -9`` job 0's process once it trains (its pid is in its record), wait for the end."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = forkserver.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while not list(sweep_dir.glob("0_*/csv/metrics.csv")):  # job 0 has started training
@@ -211,7 +212,7 @@ def start_and_kill_job_0(cmd: list[str], sweep_dir: Path, cwd: Path) -> subproce
 def test_a_failed_local_parallel_job_is_listed_and_the_sweep_exits_1(tmp_path, tiny_corpus, cache_dir):
     """It failed in a joblib worker, so train.py's own list in the launching process stayed empty: exit 0, no list."""
     cmd = sweep_command(tiny_corpus, cache_dir, tmp_path / "sweep", "hydra/launcher=local_parallel", "model.n_heads=3,4")
-    result = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    result = forkserver.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr[-3000:]
     (line,) = listed(result.stderr)
     assert re.match(r"job 0 \(.*model.n_heads=3.*\): ConfigError: model.d_model=32 is not divisible by model.n_heads=3", line)
@@ -271,7 +272,7 @@ def test_a_stopped_sweep_continues_with_ckpt_path_auto_and_a_plain_rerun_overwri
     starts job 1: both end as the uninterrupted sweep did."""
     sweep_dir = tmp_path / "sweep"
     cmd = sweep_command(tiny_corpus, cache_dir, sweep_dir, "seed=0,1", "trainer.max_steps=4", "trainer.val_check_interval=2")
-    done = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    done = forkserver.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     jobs = sorted(sweep_dir.glob("[01]_*"))
     assert len(jobs) == 2
@@ -285,14 +286,14 @@ def test_a_stopped_sweep_continues_with_ckpt_path_auto_and_a_plain_rerun_overwri
     shutil.rmtree(job1)
     before = {p: p.read_bytes() for p in (job0 / "checkpoints" / "last.ckpt", job0 / "csv" / "metrics.csv")}
 
-    refused = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    refused = forkserver.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 1, refused.stderr[-3000:]
     (line,) = listed(refused.stderr)
     assert re.match(r"job 0 \(.*\): ConfigError: .*0_decoder-sinusoidal-s0 already holds a run .*ckpt_path=auto", line), line
     assert all(p.read_bytes() == data for p, data in before.items())  # the stopped job is untouched
     shutil.rmtree(job1)  # the refused rerun ran job 1 (it had no run to overwrite): take it away again
 
-    continued = subprocess.run([*cmd, "ckpt_path=auto"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    continued = forkserver.run([*cmd, "ckpt_path=auto"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert continued.returncode == 0, continued.stderr[-3000:]
     assert (job0 / "csv" / "resume-step2" / "metrics.csv").is_file()  # job 0 resumed from step 2, job 1 started anew
     assert not (job1 / "csv" / "resume-step0").exists()
@@ -303,7 +304,7 @@ def test_a_stopped_sweep_continues_with_ckpt_path_auto_and_a_plain_rerun_overwri
 
     # once more on the finished sweep: nothing to train, and every job's rows and checkpoints stay as they are
     finished = {p: p.read_bytes() for job in jobs for p in (job / "checkpoints" / "last.ckpt", *job.glob("csv/**/metrics.csv"))}
-    again = subprocess.run([*cmd, "ckpt_path=auto"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    again = forkserver.run([*cmd, "ckpt_path=auto"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert all(p.read_bytes() == data for p, data in finished.items())  # (it compared a list with itself, which always held)
     assert all(final_values(job) == pytest.approx(values, rel=1e-6) for job, values in zip(jobs, expected, strict=True))

@@ -23,6 +23,7 @@ from pe_geometry.analysis.runs import read_run_rows
 from pe_geometry.training.pipeline import train
 from pe_geometry.training.resume import contradictions, is_fixed_on_resume, overridden_keys
 from pe_geometry.training.validate import ConfigError
+from tests import forkserver
 from tests.conftest import ROOT, compose_train_config, tiny_train_config
 
 
@@ -159,7 +160,7 @@ def sweep_args(tiny_corpus, tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("launcher", ["basic", "local_parallel"])
 def test_sweep_jobs_are_separate_wandb_runs_in_one_group(launcher, tmp_path, tiny_corpus):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *sweep_args(tiny_corpus, tmp_path), f"hydra/launcher={launcher}"],
+    result = forkserver.run([sys.executable, str(ROOT / "train.py"), *sweep_args(tiny_corpus, tmp_path), f"hydra/launcher={launcher}"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=500, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     offline = sorted((tmp_path / "sweep").glob("*/wandb/offline-run-*"))
@@ -202,7 +203,7 @@ def test_ctrl_c_prints_the_resume_override(tmp_path, tiny_corpus):
     run = tmp_path / "run"
     single = [a for a in sweep_args(tiny_corpus, tmp_path) if a not in ("-m", "pe=sinusoidal,learned") and not a.startswith("hydra.")]
     args = [*single, "trainer.max_steps=5000", "logger=csv", f"hydra.run.dir={run}"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
+    proc = forkserver.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + 240
