@@ -90,7 +90,8 @@ def read_checkpoint_file(path: Path, required: tuple[str, ...] = ("state_dict",)
         for key in required:
             checkpoint[key]  # noqa: B018 - raises KeyError when missing
     except Exception as err:
-        raise RunLoadError(f"ckpt_path={path} is not a readable Lightning checkpoint ({type(err).__name__}: {err})") from None
+        reason = " ".join(str(err).split())  # torch's unpickling messages span lines: one line, as every error here
+        raise RunLoadError(f"ckpt_path={path} is not a readable Lightning checkpoint ({type(err).__name__}: {reason})") from None
     return checkpoint
 
 
