@@ -167,7 +167,7 @@ def forkable(args, env: dict | None) -> bool:
     return True
 
 
-def _fd_for(spec, default: int, text: bool) -> tuple[int, object]:
+def _fd_for(spec, default: int) -> tuple[int, object]:
     """(the child's fd, the parent's end or None) for a stdin/stdout/stderr argument."""
     if spec is subprocess.PIPE:
         read, write = os.pipe()
@@ -193,9 +193,9 @@ class Popen:
                  start_new_session=False, universal_newlines=None) -> None:
         text = bool(text or universal_newlines)
         self.args, self.returncode = args, None
-        child_in, parent_in = _fd_for(stdin, 0, text)
-        child_out, parent_out = _fd_for(stdout, 1, text)
-        child_err, parent_err = (os.dup(child_out), None) if stderr is subprocess.STDOUT else _fd_for(stderr, 2, text)
+        child_in, parent_in = _fd_for(stdin, 0)
+        child_out, parent_out = _fd_for(stdout, 1)
+        child_err, parent_err = (os.dup(child_out), None) if stderr is subprocess.STDOUT else _fd_for(stderr, 2)
         request = {"argv": [str(a) for a in args], "cwd": str(cwd or os.getcwd()), "env": dict(os.environ if env is None else env),
                    "new_session": bool(start_new_session)}
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

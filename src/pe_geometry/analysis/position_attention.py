@@ -248,8 +248,8 @@ def position_attention_report(model: LanguageModel, idx: Tensor, n_draws: int = 
 
 
 def _family(pe) -> str:
-    """An encoding's family in the config's words (RotaryPE -> rope), for the layer labels."""
-    names = {"NoPE": "none", "SinusoidalPE": "sinusoidal", "LearnedPE": "learned", "RotaryPE": "rope", "XPosPE": "xpos",
-             "ALiBiPE": "alibi", "T5BiasPE": "t5_bias", "FirePE": "fire", "KerplePE": "kerple", "CoPE": "cope",
-             "ForgettingPE": "forgetting"}
+    """An encoding's family in the config's words (RotaryPE -> rope: the option whose _target_ names its class)."""
+    from pe_geometry.analysis.runs import _option_targets
+
+    names = {target.rsplit(".", 1)[-1]: option for target, option in _option_targets("pe").items()}
     return names.get(type(pe).__name__, type(pe).__name__)
