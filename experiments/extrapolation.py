@@ -39,9 +39,11 @@ import pe_geometry.offline  # noqa: F401
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from pe_geometry.analysis.extrapolation import NA, fixed_target_losses
 from pe_geometry.analysis.position_attention import position_attention_report
+from pe_geometry.configs import CONFIG_DIR
 from pe_geometry.training.run_loader import load_trained_run
 
 # Perplexity at 2x/4x/8x/16x over perplexity at 1x, Press et al. (2022), trained at 1024 tokens (WikiText-103).
@@ -158,10 +160,16 @@ def pe_variant(config) -> list[str]:
     return parts
 
 
-def arm_label(pe: str, config) -> str:
+# experiment=extrapolation's depth (it trains at the study's size): a run of another depth is an arm of its own
+BENCHMARK_LAYERS = int(OmegaConf.load(CONFIG_DIR / "experiment" / "orthogonality.yaml").model.n_layers)
+
+
+def arm_label(pe: str, config, layers: int | None = None) -> str:
     """A run's arm: its ``pe=`` option with what sets it apart, e.g. 'rope (window 32)', 't5_bias (max_distance 64)',
-    'sinusoidal (word-norm table)'."""
-    parts = pe_variant(config) + attention_variant(config)
+    'sinusoidal (word-norm table)'; with ``layers`` (the benchmark's depth), a run of another depth says its own
+    ('rope (4 layers)'), so it is never pooled with the benchmark's arm of the same family."""
+    depth = int((config.get("model") or {}).get("n_layers", layers or 0))
+    parts = ([f"{depth} layers"] if layers is not None and depth != layers else []) + pe_variant(config) + attention_variant(config)
     pattern = (config.get("model") or {}).get("layer_pattern")
     if pattern:  # a scheme per layer: never pooled with the plain family
         from pe_geometry.analysis.runs import pattern_label
@@ -208,7 +216,7 @@ def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], tar
     target_len = target_len or seq_len  # every target of the training window: the 1x loss is the training-length loss
     stream = run.datamodule.streams["validation"]
     pe = run.choices.get("pe") or str(run.config.pe.get("_target_", "")).rsplit(".", 1)[-1]
-    arm = arm_label(pe, run.config)
+    arm = arm_label(pe, run.config, layers=BENCHMARK_LAYERS)
     labels = [arm] + ([f"rope+{s}" for s in scalings] if arm == "rope" else [])
     blocks = torch.from_numpy(np.asarray(stream[: ATTENTION_BLOCKS * seq_len], dtype=np.int64)).view(-1, seq_len)
     attention = position_attention_report(run.model.eval(), blocks)  # at the training length

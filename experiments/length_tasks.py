@@ -48,8 +48,10 @@ import pe_geometry.offline  # noqa: F401
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from pe_geometry.analysis.position_attention import position_attention_report
+from pe_geometry.configs import CONFIG_DIR
 from pe_geometry.data.tasks import TASKS, accuracy_by_depth, answer_accuracy, make_batch, play_filler, window_chance
 from pe_geometry.training.run_loader import load_trained_run
 
@@ -61,6 +63,10 @@ TOKENS_PER_FORWARD = 8192  # examples per forward = this // the block's length (
 ATTENTION_EXAMPLES = 64  # examples at the training length that the attention figures read
 QUICK = {"multipliers": [1, 2, 4], "examples": 128, "bootstrap": 200}
 METRICS = ("exact_match", "token_accuracy")
+# The suite's depth per task (configs/experiment/length_tasks.yaml; associative recall at 4 layers, as its header
+# says): a run of another depth is an arm of its own, 'rope (4 layers)', never pooled with the suite's 'rope'.
+SUITE_LAYERS = int(OmegaConf.load(CONFIG_DIR / "experiment" / "length_tasks.yaml").model.n_layers)
+TASK_LAYERS = {"associative_recall": 4}
 DISAGREE = 0.25  # seeds whose 1x score spans more than this (either metric) disagree: the issue's cue for 5 seeds
 
 
@@ -152,12 +158,17 @@ def score_run(run_dir: Path, multipliers: list[int], n_examples: int, seed: int,
         lengths[str(m)] = entry
     cells = [f"{m}x " + ("n/a" if "na" in c else f"{c['exact_match']:.3f}/{c['token_accuracy']:.3f}")
              for m, c in lengths.items()]
-    family = arm_label(pe, run.config)
+    family = task_arm(pe, run.config, settings["task"])
     print(f"{run_dir.name}: {settings['task']} {family} s{int(run.config.get('seed', 0))} (exact/token): " + "  ".join(cells),
           flush=True)
     return {"run": "/".join(run_dir.resolve().parts[-2:]), "family": family, **settings,
             "seed": int(run.config.get("seed", 0)), "step": run.step, "lengths": lengths, "attention": attention,
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+def task_arm(pe: str, config, task: str) -> str:
+    """A run's arm in the suite: ``arm_label`` against the suite's depth for its task."""
+    return arm_label(pe, config, layers=TASK_LAYERS.get(task, SUITE_LAYERS))
 
 
 def task_examples(batches: dict, settings: dict, multiplier: int, n_examples: int, seed: int):
@@ -178,8 +189,10 @@ def score_runs(folders: list[Path], args, batches: dict) -> list[dict]:
         cached = args.cache / f"{run_dir.parent.name}--{run_dir.name}.json" if args.cache else None
         if cached is not None and cached.is_file():
             entry = json.loads(cached.read_text())
-            if entry.get("protocol") == protocol and entry["result"]["step"] == checkpoint_step(run_dir):
-                result = entry["result"]
+            step, pe, config = checkpoint_facts(run_dir)
+            if entry.get("protocol") == protocol and entry["result"]["step"] == step:
+                # the arm is named again from the run's config: labels may have learnt a distinction since
+                result = entry["result"] | {"family": task_arm(pe, config, entry["result"]["task"])}
                 for m in args.multipliers:  # the chance lines are computed on the examples themselves
                     task_examples(batches, result, m, args.examples, args.seed)
                 runs.append(result)
@@ -192,10 +205,13 @@ def score_runs(folders: list[Path], args, batches: dict) -> list[dict]:
     return runs
 
 
-def checkpoint_step(run_dir: Path) -> int:
-    """The global step of a run's last checkpoint, read without building the run (the cache's key)."""
+def checkpoint_facts(run_dir: Path) -> tuple[int, str, object]:
+    """The global step of a run's last checkpoint (the cache's key), its ``pe=`` option and its config, read without
+    building the run."""
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False, mmap=True)
-    return int(checkpoint["global_step"])
+    config = OmegaConf.create(checkpoint["run_config"])
+    pe = (checkpoint.get("group_choices") or {}).get("pe") or str(config.pe.get("_target_", "")).rsplit(".", 1)[-1]
+    return int(checkpoint["global_step"]), pe, config
 
 
 def chance_lines(batches: dict) -> dict:

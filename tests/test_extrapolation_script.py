@@ -109,6 +109,18 @@ def test_an_arm_is_named_by_what_sets_it_apart_from_the_familys_defaults(overrid
     assert load_script().arm_label(pe, _config(*overrides)) == label
 
 
+def test_a_run_of_another_depth_than_the_benchmarks_is_an_arm_of_its_own():
+    """A 4-layer RoPE control (issue 41's per-layer schemes train at 4 layers) must not pool with the benchmark's
+    2-layer 'rope', nor get its inference-time scalings' labels."""
+    script = load_script()
+    assert script.BENCHMARK_LAYERS == 2
+    assert script.arm_label("rope", _config("pe=rope"), layers=2) == "rope"
+    assert script.arm_label("rope", _config("pe=rope", "model.n_layers=4"), layers=2) == "rope (4 layers)"
+    assert (script.arm_label("rope", _config("pe=rope", "model.n_layers=4", "model.layer_pattern=[{},{},{},{pe: none}]"),
+                             layers=2) == "rope (4 layers, layers [=; =; =; none])")
+    assert script.arm_label("rope", _config("pe=rope", "model.n_layers=4")) == "rope"  # no benchmark depth: not named
+
+
 def test_kept_entries_are_renamed_replaced_where_rescored_and_refused_from_another_protocol(tmp_path):
     import json
 

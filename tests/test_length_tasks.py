@@ -143,3 +143,15 @@ def test_the_families_whose_seeds_disagree_are_named_for_two_more_seeds():
                         "alibi": {"lengths": {"1": cell(0.0, 0.9, seeds=5)}}},
                "passkey": {"learned": {"lengths": {"1": {"na": "past the table"}}}}}
     assert script.disagreeing(summary, [1, 2]) == {"copy": ["rope"]}  # 5 seeds already: not due again
+
+
+def test_an_arm_is_named_against_the_suites_depth_for_its_task(tmp_path):
+    """Associative recall is trained at 4 layers and the other tasks at 2: a 4-layer copy run (the per-layer schemes'
+    RoPE control) is 'rope (4 layers)', never pooled with the suite's 'rope', and a 4-layer recall run is 'rope'."""
+    script = load_script()
+    deep = compose_train_config(["experiment=length_tasks", "pe=rope", "model.n_layers=4"], tmp_path)
+    shallow = compose_train_config(["experiment=length_tasks", "pe=rope"], tmp_path)
+    assert script.task_arm("rope", deep, "copy") == "rope (4 layers)"
+    assert script.task_arm("rope", deep, "associative_recall") == "rope"
+    assert script.task_arm("rope", shallow, "passkey") == "rope"
+    assert script.task_arm("rope", shallow, "associative_recall") == "rope (2 layers)"
