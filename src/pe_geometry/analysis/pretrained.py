@@ -22,6 +22,7 @@ A GGUF file's weights are 4-bit: ``quantisation`` names its tensor types (the ba
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import statistics
@@ -77,7 +78,17 @@ def shakespeare_lines(files: list[Path]) -> list[str]:
 
 
 def token_stream(tokenizer, lines: list[str]) -> list[int]:
-    return [i for ids in tokenizer(lines, add_special_tokens=False)["input_ids"] for i in ids]
+    """The ids of every line, concatenated, without special tokens: ``tokenizer(lines)``'s. A fast tokenizer's own
+    Rust encoder is called directly, with padding and truncation off as ``tokenizer(lines)`` has them (a checkpoint's
+    tokenizer.json may switch both on): the same ids without transformers' per-line wrapping, in half the time."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return [i for ids in tokenizer(lines, add_special_tokens=False)["input_ids"] for i in ids]
+    backend = copy.deepcopy(backend)  # the tokenizer's own keeps its settings
+    backend.no_padding()
+    backend.no_truncation()
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # tokenizers >= 0.21: no offsets
+    return [i for encoding in encode(lines, add_special_tokens=False) for i in encoding.ids]
 
 
 def vocabulary(tokenizer, size: int) -> list[str]:
