@@ -129,6 +129,9 @@ READ_ONLY_PE_KEYS = {"_target_", "_partial_", "max_len", "scaling", "scaling_fac
                      "yarn_beta", "yarn_attention_factor"}
 
 
+SWITCH_WORDS = {"rotary": "with RoPE"}  # a PE setting switched on, in words: pe=forgetting pe.rotary=true
+
+
 def pe_variant(config) -> list[str]:
     """How a run's position encoding and embedding differ from the family's defaults, as label parts.
 
@@ -156,7 +159,7 @@ def pe_variant(config) -> list[str]:
             if key in READ_ONLY_PE_KEYS or key not in defaults or (key == "scale" and parts[:1] == ["word-norm table"]):
                 continue
             if value != defaults[key]:
-                parts.append(f"{key} {value}")
+                parts.append(SWITCH_WORDS.get(key, key) if value is True else f"{key} {value}")
     return parts
 
 

@@ -101,6 +101,8 @@ def _config(*overrides: str):
     (["pe=cope", "pe.p_max=64"], "cope (p_max 64)"),
     (["pe=rope", "attention.window=32"], "rope (window 32)"),
     (["pe=rope", "pe.scaling=ntk", "pe.scaling_factor=4"], "rope"),  # a way to read the run, not an arm
+    (["pe=forgetting", "pe.rotary=true"], "forgetting (with RoPE)"),
+    (["pe=rope", "pe.rotary_fraction=0.25"], "rope (rotary_fraction 0.25)"),
 ])
 def test_an_arm_is_named_by_what_sets_it_apart_from_the_familys_defaults(overrides, label):
     """Arms trained with another setting of the same family must not pool with it (t5_bias at max_distance 64 was
