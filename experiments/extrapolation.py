@@ -171,9 +171,11 @@ def arm_label(pe: str, config, layers: int | None = None) -> str:
     """A run's arm: its ``pe=`` option with what sets it apart, e.g. 'rope (window 32)', 't5_bias (max_distance 64)',
     'sinusoidal (word-norm table)'; with ``layers`` (the benchmark's depth), a run of another depth says its own
     ('rope (4 layers)'), so it is never pooled with the benchmark's arm of the same family."""
-    depth = int((config.get("model") or {}).get("n_layers", layers or 0))
-    parts = ([f"{depth} layers"] if layers is not None and depth != layers else []) + pe_variant(config) + attention_variant(config)
     pattern = (config.get("model") or {}).get("layer_pattern")
+    depth = int((config.get("model") or {}).get("n_layers", layers or 0))
+    # a pattern with an entry per layer spells the depth out already: its arm reads the same in every task
+    named = layers is not None and depth != layers and not (pattern and len(pattern) == depth)
+    parts = ([f"{depth} layers"] if named else []) + pe_variant(config) + attention_variant(config)
     if pattern:  # a scheme per layer: never pooled with the plain family
         from pe_geometry.analysis.runs import pattern_label
 

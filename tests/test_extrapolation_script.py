@@ -119,7 +119,9 @@ def test_a_run_of_another_depth_than_the_benchmarks_is_an_arm_of_its_own():
     assert script.arm_label("rope", _config("pe=rope"), layers=2) == "rope"
     assert script.arm_label("rope", _config("pe=rope", "model.n_layers=4"), layers=2) == "rope (4 layers)"
     assert (script.arm_label("rope", _config("pe=rope", "model.n_layers=4", "model.layer_pattern=[{},{},{},{pe: none}]"),
-                             layers=2) == "rope (4 layers, layers [=; =; =; none])")
+                             layers=2) == "rope (layers [=; =; =; none])")  # an entry per layer: the depth is said
+    assert (script.arm_label("rope", _config("pe=rope", "model.n_layers=4", "model.layer_pattern=[{},{pe: none}]"),
+                             layers=2) == "rope (4 layers, layers [=; none])")  # cycled: the depth is not
     assert script.arm_label("rope", _config("pe=rope", "model.n_layers=4")) == "rope"  # no benchmark depth: not named
 
 
