@@ -34,9 +34,11 @@ length scores); ``uniform``, guessing over the answer alphabet. The passkey is a
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -50,6 +52,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from pe_geometry.analysis.nulls import holm
 from pe_geometry.analysis.position_attention import position_attention_report
 from pe_geometry.configs import CONFIG_DIR
 from pe_geometry.data.tasks import TASKS, accuracy_by_depth, answer_accuracy, make_batch, play_filler, window_chance
@@ -321,6 +324,52 @@ def disagreeing(summary: dict, multipliers: list[int]) -> dict[str, list[str]]:
     return out
 
 
+def seed_contrast(a: list[float], b: list[float]) -> dict:
+    """Arm a against arm b on one figure, one value per seed: the difference of the seeds' means and its exact
+    two-sided permutation p over every split of the pooled seeds (3 v 3: p >= 0.1; 5 v 5: p >= 0.008)."""
+    pooled, n = a + b, len(a)
+    observed = statistics.fmean(a) - statistics.fmean(b)
+    splits = list(itertools.combinations(range(len(pooled)), n))
+    extreme = 0
+    for chosen in splits:
+        rest = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        extreme += abs(statistics.fmean(pooled[i] for i in chosen) - statistics.fmean(rest)) >= abs(observed) - 1e-12
+    return {"difference": observed, "p": extreme / len(splits), "seeds": [len(a), len(b)]}
+
+
+def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int) -> list[dict]:
+    """Each (arm, control) pair on every task both were run on: token accuracy at ``multiplier`` x, seed by seed
+    (``seed_contrast``), Holm-corrected over every pair x task tested."""
+    values: dict = defaultdict(dict)
+    for r in runs:
+        cell = r["lengths"].get(str(multiplier), {})
+        if "token_accuracy" in cell:
+            values[(r["task"], r["family"])][r["seed"]] = cell["token_accuracy"]
+    rows = []
+    for arm, control in pairs:
+        tasks = sorted({t for t, f in values if f == arm} & {t for t, f in values if f == control})
+        if not tasks:
+            raise SystemExit(f"error: --contrast {arm!r} {control!r}: no task has both arms; arms: "
+                             f"{sorted({f for _, f in values})}")
+        for task in tasks:
+            a, b = values[(task, arm)], values[(task, control)]
+            rows.append({"task": task, "arm": arm, "control": control, "multiplier": multiplier,
+                         "arm_mean": statistics.fmean(a.values()), "control_mean": statistics.fmean(b.values()),
+                         **seed_contrast(list(a.values()), list(b.values()))})
+    for row, adjusted in zip(rows, holm([row["p"] for row in rows])):
+        row["p_holm"] = adjusted
+    return rows
+
+
+def contrast_table(rows: list[dict]) -> str:
+    lines = ["| task | arm | control | token accuracy, arm / control | difference | seeds | p (exact) | p (Holm) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['task']} | {r['arm']} | {r['control']} | {r['arm_mean']:.2f} / {r['control_mean']:.2f} | "
+                     f"{r['difference']:+.2f} | {r['seeds'][0]} v {r['seeds'][1]} | {r['p']:.3g} | {r['p_holm']:.3g} |")
+    return "\n".join(lines)
+
+
 def _cell(cell: dict, metric: str) -> str:
     if "na" in cell:
         return "n/a"
@@ -458,6 +507,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cache", type=Path, help="keep each run's scores here and reuse them while its step and the "
                         "protocol are the same")
     parser.add_argument("--quick", action="store_true", help="1x/2x/4x, 128 examples, 200 resamples (the slow test)")
+    parser.add_argument("--contrast", nargs=2, action="append", default=[], metavar=("ARM", "CONTROL"),
+                        help="test ARM against CONTROL (arm labels as the tables print them) on every task both ran: "
+                             "token accuracy at --contrast-at x, exact permutation over seeds, Holm over all")
+    parser.add_argument("--contrast-at", type=int, default=4, help="the multiplier the contrasts read (default 4)")
     args = parser.parse_args(argv)
     if args.quick:
         args.multipliers, args.examples, args.bootstrap = QUICK["multipliers"], QUICK["examples"], QUICK["bootstrap"]
@@ -476,8 +529,12 @@ def main(argv: list[str] | None = None) -> dict:
                 "every run), scored on the answer tokens; a cell: the mean over seeds (95 % bootstrap interval over "
                 f"examples, {args.bootstrap} resamples, paired across seeds; the seeds' min–max)")
     due = disagreeing(summary, args.multipliers)
+    if args.contrast and args.contrast_at not in args.multipliers:
+        parser.error(f"--contrast-at {args.contrast_at} is not one of the multipliers {args.multipliers}")
+    tested = contrasts(runs, [tuple(pair) for pair in args.contrast], args.contrast_at) if args.contrast else []
     payload = {"protocol": protocol, "multipliers": args.multipliers, "summary": summary, "chance": chance,
-               "passkey_by_depth": grid, "seeds_disagree": due, "runs": runs, "machine": f"{platform.machine()}, torch {torch.__version__}",
+               "passkey_by_depth": grid, "seeds_disagree": due, "contrasts": tested, "runs": runs,
+               "machine": f"{platform.machine()}, torch {torch.__version__}",
                "seconds": round(time.perf_counter() - start)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "length_tasks.json").write_text(json.dumps(payload, indent=1))
@@ -491,7 +548,10 @@ def main(argv: list[str] | None = None) -> dict:
         f"<folders> --out <here>`); {protocol}. Chance lines (`data.tasks.window_chance` on the same examples): a model "
         "that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet.\n\n"
         f"## At a glance\n\n{glance}\n\n## Per task\n\n{tables}\n\n![accuracy vs length](length_tasks.png)\n\n"
-        f"## Accuracy beside position\n\n{beside}\n"
+        + (f"## Contrasts\n\nEach arm against its control (`--contrast`), token accuracy at {args.contrast_at}x, one "
+           "value per seed: the difference of the seeds' means, its exact two-sided permutation p over the seeds, and "
+           f"Holm's correction over the {len(tested)} tests.\n\n{contrast_table(tested)}\n\n" if tested else "")
+        + f"## Accuracy beside position\n\n{beside}\n"
         + (f"\n## Passkey: depth x length\n\n{depth}\n" if depth else "")
         + (f"\n## Seeds that disagree\n\nAt {args.multipliers[0]}x a metric's seed range is wider than {DISAGREE} "
            "with fewer than 5 seeds: " + "; ".join(f"{t}: {', '.join(f)}" for t, f in due.items()) + "\n" if due else ""))

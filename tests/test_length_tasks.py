@@ -66,9 +66,12 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
     script = load_script()
-    payload = script.main([str(sweep), "--out", str(out), "--quick"])
+    payload = script.main([str(sweep), "--out", str(out), "--quick", "--contrast", "rope", "none"])
 
     assert payload["multipliers"] == [1, 2, 4]
+    (contrast,) = payload["contrasts"]  # one seed each: the only split is the observed one
+    assert (contrast["task"], contrast["seeds"], contrast["p"]) == ("copy", [1, 1], 1.0)
+    assert "## Contrasts" in (out / "length_tasks.md").read_text()
     assert set(payload["summary"]) == {"copy"} and set(payload["summary"]["copy"]) == {"rope", "none"}
     assert len(payload["runs"]) == 2 and {r["seq_len"] for r in payload["runs"]} == {16}
     for run in payload["runs"]:
@@ -155,3 +158,24 @@ def test_an_arm_is_named_against_the_suites_depth_for_its_task(tmp_path):
     assert script.task_arm("rope", deep, "associative_recall") == "rope"
     assert script.task_arm("rope", shallow, "passkey") == "rope"
     assert script.task_arm("rope", shallow, "associative_recall") == "rope (2 layers)"
+
+
+def test_a_contrast_is_an_exact_permutation_test_over_seeds_with_holm():
+    script = load_script()
+    # 3 v 3, fully separated: 2 of the 20 splits are as extreme (this one and its mirror)
+    c = script.seed_contrast([0.6, 0.7, 0.8], [0.1, 0.2, 0.3])
+    assert c["difference"] == pytest.approx(0.5) and c["p"] == pytest.approx(2 / 20) and c["seeds"] == [3, 3]
+    assert script.seed_contrast([0.1, 0.2, 0.3], [0.1, 0.2, 0.3])["p"] == 1.0  # the same values: every split as extreme
+    five = script.seed_contrast([0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5])
+    assert five["p"] == pytest.approx(2 / 252)
+
+    def run(task, family, seed, acc):
+        return {"task": task, "family": family, "seed": seed, "lengths": {"4": {"token_accuracy": acc}}}
+
+    runs = ([run("passkey", "a", s, 0.6 + 0.1 * s) for s in range(3)] + [run("passkey", "b", s, 0.1 * s) for s in range(3)]
+            + [run("copy", "a", s, 0.5) for s in range(3)])  # copy has no 'b': not tested there
+    rows = script.contrasts(runs, [("a", "b")], 4)
+    assert [(r["task"], r["arm"], r["control"]) for r in rows] == [("passkey", "a", "b")]
+    assert rows[0]["p_holm"] == pytest.approx(rows[0]["p"]) and rows[0]["arm_mean"] == pytest.approx(0.7)
+    with pytest.raises(SystemExit, match="no task has both arms"):
+        script.contrasts(runs, [("a", "c")], 4)
