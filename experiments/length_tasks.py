@@ -337,11 +337,13 @@ def seed_contrast(a: list[float], b: list[float]) -> dict:
     return {"difference": observed, "p": extreme / len(splits), "seeds": [len(a), len(b)]}
 
 
-def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int) -> list[dict]:
-    """Each (arm, control) pair on every task both were run on: token accuracy at ``multiplier`` x, seed by seed
-    (``seed_contrast``), Holm-corrected over every pair x task tested."""
+def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int, tasks: list[str] | None = None) -> list[dict]:
+    """Each (arm, control) pair on every task both were run on (of ``tasks``, None: all): token accuracy at
+    ``multiplier`` x, seed by seed (``seed_contrast``), Holm-corrected over every pair x task tested."""
     values: dict = defaultdict(dict)
     for r in runs:
+        if tasks is not None and r["task"] not in tasks:
+            continue
         cell = r["lengths"].get(str(multiplier), {})
         if "token_accuracy" in cell:
             values[(r["task"], r["family"])][r["seed"]] = cell["token_accuracy"]
@@ -511,6 +513,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="test ARM against CONTROL (arm labels as the tables print them) on every task both ran: "
                              "token accuracy at --contrast-at x, exact permutation over seeds, Holm over all")
     parser.add_argument("--contrast-at", type=int, default=4, help="the multiplier the contrasts read (default 4)")
+    parser.add_argument("--contrast-tasks", nargs="+", choices=TASKS, default=None,
+                        help="the tasks the contrasts read (default: every task; leave out one no arm learned)")
     args = parser.parse_args(argv)
     if args.quick:
         args.multipliers, args.examples, args.bootstrap = QUICK["multipliers"], QUICK["examples"], QUICK["bootstrap"]
@@ -531,7 +535,8 @@ def main(argv: list[str] | None = None) -> dict:
     due = disagreeing(summary, args.multipliers)
     if args.contrast and args.contrast_at not in args.multipliers:
         parser.error(f"--contrast-at {args.contrast_at} is not one of the multipliers {args.multipliers}")
-    tested = contrasts(runs, [tuple(pair) for pair in args.contrast], args.contrast_at) if args.contrast else []
+    tested = (contrasts(runs, [tuple(pair) for pair in args.contrast], args.contrast_at, args.contrast_tasks)
+              if args.contrast else [])
     payload = {"protocol": protocol, "multipliers": args.multipliers, "summary": summary, "chance": chance,
                "passkey_by_depth": grid, "seeds_disagree": due, "contrasts": tested, "runs": runs,
                "machine": f"{platform.machine()}, torch {torch.__version__}",

@@ -177,5 +177,7 @@ def test_a_contrast_is_an_exact_permutation_test_over_seeds_with_holm():
     rows = script.contrasts(runs, [("a", "b")], 4)
     assert [(r["task"], r["arm"], r["control"]) for r in rows] == [("passkey", "a", "b")]
     assert rows[0]["p_holm"] == pytest.approx(rows[0]["p"]) and rows[0]["arm_mean"] == pytest.approx(0.7)
+    assert [r["task"] for r in script.contrasts(runs + [run("copy", "b", 0, 0.1)], [("a", "b")], 4)] == ["copy", "passkey"]
+    assert [r["task"] for r in script.contrasts(runs + [run("copy", "b", 0, 0.1)], [("a", "b")], 4, ["copy"])] == ["copy"]
     with pytest.raises(SystemExit, match="no task has both arms"):
         script.contrasts(runs, [("a", "c")], 4)
