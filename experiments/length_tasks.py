@@ -491,8 +491,10 @@ def plot(summary: dict, chance: dict, multipliers: list[int], path: Path) -> Non
             if label not in labels:
                 handles.append(h)
                 labels.append(label)
-    fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    ncol = min(6, len(labels))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
+    legend_rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, min(0.4, 0.02 + 0.022 * legend_rows), 1, 1))  # the axes end above the legend's rows
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
