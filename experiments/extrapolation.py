@@ -385,7 +385,7 @@ def attention_table(summary: dict[str, dict], multiplier: int) -> str:
                 and not is_scaled(f)]
     if not families:
         return ""
-    n_layers = len(summary[families[0]]["attention"]["distance_ratio"])
+    n_layers = max(len(summary[f]["attention"]["distance_ratio"]) for f in families)  # the deepest arm's; others: –
     head = (["family", "block 0 positional share", "its null (RoPE/xPos)"]
             + [f"distance / uniform, block {i} (most local head)" for i in range(n_layers)] + [f"{multiplier}x / 1x loss"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -394,6 +394,7 @@ def attention_table(summary: dict[str, dict], multiplier: int) -> str:
         null = f"{a['null_mean']['mean']:.3f} (sd {a['null_std']['mean']:.3f})" if "null_mean" in a else "–"
         row = [family, f"{a['positional_share']['mean']:.3f} ± {a['positional_share']['sd']:.3f}", null]
         row += [f"{d['mean']:.2f} ± {d['sd']:.2f} ({m['mean']:.2f})" for d, m in zip(a["distance_ratio"], a["most_local_ratio"])]
+        row += ["–"] * (n_layers - len(a["distance_ratio"]))
         row.append("n/a" if "na" in cell else f"{cell['ratio_mean']:.3f} ± {cell['ratio_sd']:.3f}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -464,7 +465,7 @@ def plot(summary: dict[str, dict], multipliers: list[int], path: Path, title: st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(14, 6))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 9))
     cmap = plt.get_cmap("tab20")
     kept = []  # the zoom's y-range: families that never leave 1.5x their 1x loss
     for i, family in enumerate(sorted(summary)):
@@ -489,9 +490,12 @@ def plot(summary: dict[str, dict], multipliers: list[int], path: Path, title: st
         ax.set_ylabel("loss on the same held-out targets (nats)")
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, ncol=2, loc="upper left")
+    # below the panels: over thirty families would cover the lines inside either panel
+    handles, labels = axes[0].get_legend_handles_labels()
+    ncol = 4
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
     fig.suptitle(textwrap.fill(title, 150), fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, min(0.5, 0.02 + 0.028 * -(-len(labels) // ncol)), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -139,3 +139,19 @@ def test_kept_entries_are_renamed_replaced_where_rescored_and_refused_from_anoth
         script.kept_entries(earlier, {}, set(), protocol | {"n_windows": 10}, [1, 2])
     with pytest.raises(SystemExit, match="--relabel sine=...: no such family"):
         script.kept_entries(earlier, {"sine": "x"}, set(), protocol, [1, 2])
+
+
+def test_the_attention_table_has_a_column_per_layer_of_the_deepest_arm():
+    """A 4-layer arm beside 2-layer ones: the header has four distance columns and a 2-layer row fills its last two
+    with '–' (every row as wide as the header: the table once broke when the deepest arm was not first)."""
+    script = load_script()
+
+    def family(layers: int) -> dict:
+        d = [{"mean": 0.5, "sd": 0.1}] * layers
+        return {"attention": {"positional_share": {"mean": 0.4, "sd": 0.1}, "distance_ratio": d, "most_local_ratio": d},
+                "lengths": {"1": {"loss_mean": 4.0}, "2": {"ratio_mean": 1.0, "ratio_sd": 0.0}}}
+
+    table = script.attention_table({"a": family(2), "b": family(4)}, 2).splitlines()
+    widths = {line.count("|") for line in table}
+    assert len(widths) == 1 and "block 3" in table[0]
+    assert [line for line in table if line.startswith("| a |")][0].endswith("– | – | 1.000 ± 0.000 |")
