@@ -41,6 +41,9 @@ from pe_geometry.analysis.position_attention import position_attention_report
 from pe_geometry.analysis.pretrained import analyse, quantisation_band
 from pe_geometry.training.run_loader import load_trained_run
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ scripts share their helpers
+from extrapolation import run_dirs  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "experiments/results/extrapolation/extrapolation.json"  # the ten families trained here, 3 seeds
 TRAINED_GEOMETRY = ROOT / "experiments/results/orthogonality/summary.json"  # the same recipe's geometry records
@@ -194,18 +197,6 @@ def preset_settings(quick: bool) -> dict:
     return {"n_blocks": 4, "n_draws": 3} if quick else {"n_blocks": PRESET_BLOCKS, "n_draws": PRESET_NULL_DRAWS}
 
 
-def preset_run_dirs(folders: list[Path]) -> list[Path]:
-    """Every run folder (one with checkpoints/last.ckpt) given, or one level under a sweep folder given."""
-    found = []
-    for folder in folders:
-        if (folder / "checkpoints" / "last.ckpt").is_file():
-            found.append(folder)
-        found += sorted(p.parent.parent for p in folder.glob("*/checkpoints/last.ckpt"))
-    if not found:
-        raise SystemExit(f"error: no run with checkpoints/last.ckpt under {[str(f) for f in folders]}")
-    return found
-
-
 def layer_kind(window: int | None) -> str:
     """A layer's kind in pe-pretrained's words: 'window 16', 'global'."""
     return "global" if window is None else f"window {window}"
@@ -329,7 +320,7 @@ def preset_comparison(runs: list[dict], real: dict[str, dict | None]) -> dict:
 def preset_study(folders: list[Path], real: dict[str, dict | None], n_blocks: int = PRESET_BLOCKS,
                  n_draws: int = PRESET_NULL_DRAWS) -> dict:
     runs, datamodules = [], {}
-    for run_dir in preset_run_dirs(folders):
+    for run_dir in run_dirs(folders):
         start = time.perf_counter()
         runs.append(score_preset_run(run_dir, datamodules, n_blocks, n_draws))
         print(f"{run_dir.name}: {runs[-1]['preset']} s{runs[-1]['seed']}: {time.perf_counter() - start:.0f} s", flush=True)
