@@ -97,3 +97,39 @@ def test_old_option_names_are_unknown_options_that_list_the_valid_ones(old, vali
     with pytest.raises(MissingConfigException, match=f"Could not find '{group}/{name}'") as err:
         compose_train_config([old], output_dir=tmp_path)
     assert all(f"\t{option}\n" in str(err.value) for option in valid)
+
+
+# -- the tests' composition (conftest.compose_train_config) is Hydra's ---------------------------------------------
+SAME_AS_HYDRA = [
+    [],
+    ["pe=rope", "model.dropout=0.2", "model.d_model=32"],
+    ["model.d_model=32", "pe=alibi", "model=encoder", "~callbacks.progress_bar", "+callbacks.x._target_=a.b"],
+    ["experiment=length_tasks", "seed=3", "data.task=copy"],
+    ["data=text_files", "data.corpus.train_files=one.txt", "seed='7'", "model.layer_pattern=[{},{pe: none}]"],
+    ["pe=rope", "pe.base=500", "pe=learned"],  # the last choice wins, and pe.base is then not a key of pe
+    ["model.nonexistent=1"],
+    ["+pe.base=1"],
+    ["pe=nonexistent"],
+    ["~model.nonexistent"],
+]
+
+
+@pytest.mark.parametrize("overrides", SAME_AS_HYDRA, ids=lambda o: " ".join(o) or "defaults")
+def test_the_tests_composition_is_hydras_own(overrides, monkeypatch, tmp_path):
+    """The first stage of a composition is cached per set of group choices (conftest.compose_train_config): the config,
+    Hydra's own node (overrides, choices, override_dirname, the working folder) and the errors must be those of one
+    ``compose`` call, in another folder than the one the cached stage was composed in."""
+    from omegaconf import OmegaConf
+
+    def composed(cache: str):
+        monkeypatch.setenv("PE_TEST_COMPOSE_CACHE", cache)
+        try:
+            cfg = compose_train_config(overrides)
+        except Exception as error:  # noqa: BLE001 (the errors must be the same too)
+            return type(error).__name__, str(error)
+        return OmegaConf.to_container(cfg), OmegaConf.to_container(HydraConfig.get(), resolve=False)
+
+    composed("1")  # cached here
+    monkeypatch.chdir(tmp_path)
+    hydras = composed("0")
+    assert composed("1") == hydras

@@ -85,6 +85,7 @@ def test_a_setting_of_ours_has_no_default_in_the_yaml_and_one_in_the_composed_co
 def test_a_changed_default_reaches_the_composed_config(monkeypatch):
     """The composed default is read from the constructor, not copied: change the source, the config follows."""
     import pe_geometry.signatures as signatures
+    from hydra_plugins.pe_geometry.constructor_defaults import _Filling
     from pe_geometry.signatures import Param
 
     original = signatures.source_params
@@ -96,6 +97,10 @@ def test_a_changed_default_reaches_the_composed_config(monkeypatch):
         return params
 
     monkeypatch.setattr(signatures, "source_params", patched)
+    # composed afresh: the config source keeps each file it has filled (constructor_defaults._Filling), the tests'
+    # composition the first stage of each (conftest.compose_train_config)
+    monkeypatch.setattr(_Filling, "_loaded", {})
+    monkeypatch.setenv("PE_TEST_COMPOSE_CACHE", "0")
     assert compose_train_config(["pe=cope"]).pe.p_max == 7
 
 
