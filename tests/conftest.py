@@ -191,6 +191,13 @@ TINY = [
 ]
 
 
+def fast_loop_keeps(values, keep) -> list:
+    """Parameters of a test that trains one run per value: each value not in ``keep`` is marked ``slow``. The fast loop
+    (``-m "not slow"``) then trains each path once (``keep``), and the whole suite, which CI runs, every value."""
+    return [value if value in keep else pytest.param(*(value if isinstance(value, tuple) else (value,)), marks=pytest.mark.slow)
+            for value in values]
+
+
 def compose_train_config(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
     """Compose configs/train.yaml exactly as ``python train.py <overrides>`` would.
 

@@ -319,15 +319,27 @@ def _class_attribute(parsed: _Module, node: ast.ClassDef, name: str, depth: int 
 
 def source_params(target: str) -> dict[str, Param] | None:
     """``imported_params`` read from the source files, without importing them; ``Unreadable`` where they do not say."""
+    found = _source_params(target)
+    if isinstance(found, Unreadable):  # a fresh one each time (a raised instance would grow its traceback)
+        raise Unreadable(*found.args) from found.__cause__
+    return None if found is None else dict(found)
+
+
+@cache  # as _parse: once per process (a check reads the same few constructors for every node of every config)
+def _source_params(target: str) -> dict[str, Param] | None | Unreadable:
     module, _, name = target.rpartition(".")
     try:
         parsed, node = _find(module, name)
+        if isinstance(node, ast.FunctionDef):
+            own, takes_kwargs = _arguments(parsed, node, skip_self=False)
+            return None if takes_kwargs else own
+        return _class_params(parsed, node)
     except (SyntaxError, OSError, UnicodeDecodeError) as err:
-        raise Unreadable(target) from err
-    if isinstance(node, ast.FunctionDef):
-        own, takes_kwargs = _arguments(parsed, node, skip_self=False)
-        return None if takes_kwargs else own
-    return _class_params(parsed, node)
+        unreadable = Unreadable(target)
+        unreadable.__cause__ = err
+        return unreadable
+    except Unreadable as unreadable:
+        return unreadable
 
 
 def constructor_params(target: str, import_if_needed: bool = True) -> dict[str, Param] | None:

@@ -171,14 +171,25 @@ def _global_group_keys(group: str, option: str, seen: frozenset[str] = frozenset
 
 def _composed(overrides: list[str]) -> dict:
     """configs/train.yaml composed with ``overrides``, unresolved (Hydra's compose API: inside ``train.py`` it uses
-    the running app's search path; elsewhere, a test or a notebook, configs/ itself)."""
+    the running app's search path; elsewhere, a test or a notebook, configs/ itself). Kept per search path: a check of
+    a resume composes the group's default once for each group option it reads."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    if GlobalHydra.instance().is_initialized():
-        return OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
-    with initialize_config_dir(config_dir=str(CONFIG_GROUPS_DIR), version_base="1.3"):
-        return OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
+    hydra = GlobalHydra.instance()
+    where = (tuple((e.provider, e.path) for e in hydra.config_loader().get_search_path().get_path())
+             if hydra.is_initialized() else str(CONFIG_GROUPS_DIR))
+    key = (tuple(overrides), where)
+    if key not in _COMPOSED:
+        if hydra.is_initialized():
+            _COMPOSED[key] = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
+        else:
+            with initialize_config_dir(config_dir=str(CONFIG_GROUPS_DIR), version_base="1.3"):
+                _COMPOSED[key] = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
+    return copy.deepcopy(_COMPOSED[key])
+
+
+_COMPOSED: dict[tuple, dict] = {}
 
 
 def _differing(a: Any, b: Any, prefix: str = "") -> set[str]:
