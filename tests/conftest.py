@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -196,6 +197,26 @@ def fast_loop_keeps(values, keep) -> list:
     (``-m "not slow"``) then trains each path once (``keep``), and the whole suite, which CI runs, every value."""
     return [value if value in keep else pytest.param(*(value if isinstance(value, tuple) else (value,)), marks=pytest.mark.slow)
             for value in values]
+
+
+def fast_loop_covers(*axes: list) -> list:
+    """The combinations of ``axes`` for a test that checks each one alike (every encoding x every kernel x ...): all of
+    them run in the whole suite, and the fast loop runs enough that each value of each axis is checked at least once.
+    Combination k takes the longest axis's k-th value and, on the other axes, k's mixed-radix digits (so where their
+    product fits in the longest axis, every combination of them runs too); the others are marked ``slow``."""
+    longest = max(range(len(axes)), key=lambda i: len(axes[i]))
+    others = [i for i in range(len(axes)) if i != longest]
+    kept: set[tuple] = set()
+    k = 0
+    while k < len(axes[longest]) or any(set(axis) - {combo[i] for combo in kept} for i, axis in enumerate(axes)):
+        combo, rest = [None] * len(axes), k
+        combo[longest] = axes[longest][k % len(axes[longest])]
+        for i in others:
+            combo[i], rest = axes[i][rest % len(axes[i])], rest // len(axes[i])
+        kept.add(tuple(combo))
+        k += 1
+    return [combo if combo in kept else pytest.param(*combo, marks=pytest.mark.slow)
+            for combo in itertools.product(*axes)]
 
 
 def compose_train_config(overrides: list[str], output_dir: Path | None = None) -> DictConfig:

@@ -34,7 +34,7 @@ from pe_geometry.model import (
 )
 from pe_geometry.model.sampling import generate
 from pe_geometry.training.validate import ConfigError, check_config
-from tests.conftest import PE_TYPES, compose_train_config
+from tests.conftest import PE_TYPES, compose_train_config, fast_loop_covers
 from tests.test_attention import build, live
 from tests.test_generate import incremental_logits
 from tests.test_position_attention import assert_score_parts_softmax_to_kept_weights
@@ -294,8 +294,7 @@ def same_weights(model_cls, pe: str, name: str):
     return explicit.eval(), fused.eval()
 
 
-@pytest.mark.parametrize("pe", PE_TYPES)
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name,pe", fast_loop_covers(list(VARIANTS), PE_TYPES))
 def test_both_kernels_give_the_same_outputs_in_every_model(name, pe):
     idx = torch.randint(50, (3, 20), generator=torch.Generator().manual_seed(0))
     for model_cls in (DecoderLM, EncoderMLM, EncoderDecoder):
@@ -305,8 +304,7 @@ def test_both_kernels_give_the_same_outputs_in_every_model(name, pe):
             assert (explicit(*args) - fused(*args)).abs().max().item() <= 1e-5, model_cls.__name__
 
 
-@pytest.mark.parametrize("pe", PE_TYPES)
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name,pe", fast_loop_covers(list(VARIANTS), PE_TYPES))
 def test_cached_decoding_gives_the_logits_of_a_full_pass(name, pe):
     idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
     for model_cls in (DecoderLM, EncoderDecoder):

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, LearnedPE, SDPAttention
 from pe_geometry.model.sampling import Decoding, fill_masks, generate, next_token, token_nll, top_k_filter, top_p_filter
 from tests import forkserver
-from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, tiny_train_config
+from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, fast_loop_covers, tiny_train_config
 from tests.test_attention import build, live
 
 NEG_INF = float("-inf")
@@ -29,9 +29,8 @@ def incremental_logits(model, idx: torch.Tensor, src: torch.Tensor | None) -> to
     return logits
 
 
-@pytest.mark.parametrize("attention", [ExplicitAttention, SDPAttention])
-@pytest.mark.parametrize("pe", PE_TYPES)
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
+@pytest.mark.parametrize("model_cls,pe,attention", fast_loop_covers([DecoderLM, EncoderDecoder], PE_TYPES,
+                                                                     [ExplicitAttention, SDPAttention]))
 def test_cached_decoding_gives_the_logits_of_a_full_forward_pass(model_cls, pe, attention):
     model = live(build(model_cls, pe, attention)).eval()  # every PE weight at random: CoPE's table starts at zero
     idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
@@ -105,8 +104,7 @@ def test_generate_sizes_the_cache_once(monkeypatch):
     assert set(sizes) == {3 + 6 - 1}
 
 
-@pytest.mark.parametrize("pe", PE_TYPES)
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
+@pytest.mark.parametrize("model_cls,pe", fast_loop_covers([DecoderLM, EncoderDecoder], PE_TYPES))
 def test_greedy_text_is_the_same_with_and_without_the_cache(model_cls, pe):
     model = live(build(model_cls, pe, SDPAttention)).eval()
     prompt = torch.randint(50, (2, 6), generator=torch.Generator().manual_seed(2))
@@ -131,10 +129,9 @@ def test_the_same_seed_gives_the_same_sample_and_another_seed_another():
     assert not torch.equal(first[0], first[1])  # the samples of one batch differ from each other
 
 
-@pytest.mark.parametrize("attention", [ExplicitAttention, SDPAttention])
-@pytest.mark.parametrize("pe", PE_TYPES)
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
-@pytest.mark.parametrize("prompt_len", [3, 13])  # shorter than the window, then already longer than it
+# prompt_len: shorter than the window, then already longer than it
+@pytest.mark.parametrize("model_cls,pe,attention,prompt_len", fast_loop_covers([DecoderLM, EncoderDecoder], PE_TYPES,
+                                                                                [ExplicitAttention, SDPAttention], [3, 13]))
 def test_windowed_cached_logits_equal_an_uncached_forward_over_the_last_n_tokens(model_cls, pe, attention, prompt_len):
     """At every step, before and after the window starts to slide, the cached logits are those of a plain
     forward pass over the last N tokens (the encoder-decoder: its last source window, its last decoder window)."""

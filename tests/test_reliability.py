@@ -37,7 +37,7 @@ from pe_geometry.training.resume import read_checkpoint
 from pe_geometry.training.task import NonFiniteLossError
 from pe_geometry.training.validate import ConfigError
 from tests import forkserver
-from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, compose_train_config, tiny_train_config
+from tests.conftest import CONFIG_DIR, PE_TYPES, ROOT, compose_train_config, fast_loop_covers, tiny_train_config
 
 # A run long enough to interrupt: 34 batches per epoch on the tiny corpus, so 60 steps cross an
 # epoch boundary; a checkpoint every 10 steps, validation every 20 (on checkpoint steps, the
@@ -563,9 +563,8 @@ def _composed(pe: str, attention: str):
                                  "data.seq_len=16"])
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
-@pytest.mark.parametrize("attention", ["sdpa", "explicit"])
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe,attention,precision", fast_loop_covers(PE_TYPES, ["sdpa", "explicit"],
+                                                                      ["32-true", "bf16-mixed", "bf16-true"]))
 def test_every_pe_and_attention_trains_a_step_in_each_cpu_precision(pe, attention, precision):
     import lightning as L
     from hydra.utils import instantiate
