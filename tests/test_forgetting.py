@@ -10,7 +10,6 @@ line; the analysis reads the gate bias as the family's score bias.
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 from functools import partial
 
@@ -35,6 +34,7 @@ from pe_geometry.model.sampling import Decoding, generate
 from pe_geometry.model.transformer import record_attention
 from pe_geometry.training.optimizer import weight_decay_groups
 from pe_geometry.training.validate import ConfigError, check_config
+from tests import forkserver
 from tests.conftest import ROOT, compose_train_config, tiny_train_config
 from tests.test_generate import incremental_logits
 
@@ -273,7 +273,7 @@ def test_rotary_needs_an_even_head_dimension(tmp_path):
 
 @pytest.mark.slow  # runs train.py in a subprocess
 def test_the_cli_refuses_an_encoder_with_one_line_and_exit_code_2(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "model=encoder", "pe=forgetting",
+    result = forkserver.run([sys.executable, str(ROOT / "train.py"), "model=encoder", "pe=forgetting",
                              f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert f"error: pe=forgetting: {CAUSAL_ONLY}" in result.stderr and "Traceback" not in result.stderr

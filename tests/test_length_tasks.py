@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -14,6 +13,7 @@ import torch
 
 from pe_geometry.data.task_datamodule import batch_seed
 from pe_geometry.data.tasks import window_chance
+from tests import forkserver
 from tests.conftest import ROOT, compose_train_config
 
 SCRIPT = ROOT / "experiments" / "length_tasks.py"
@@ -60,7 +60,7 @@ def test_the_sweep_configs_compose(tmp_path):
 @pytest.mark.slow  # trains two runs in a subprocess (a Hydra multirun), ~1 min on an idle 2-vCPU VM
 def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    result = subprocess.run(
+    result = forkserver.run(
         [sys.executable, str(ROOT / "train.py"), "-m", "experiment=length_tasks_quick", "logger=csv",
          f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
