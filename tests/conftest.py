@@ -254,11 +254,11 @@ def _compose_from_group_choices(overrides: list[str]) -> DictConfig:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
+    if any(o.is_sweep_override() or o.is_hydra_override() for o in parsed):  # composed as they are
+        return compose(config_name="train", overrides=overrides, return_hydra_config=True)
     repo = GlobalHydra.instance().config_loader().repository  # type: ignore[attr-defined]
     # the split Hydra's defaults list makes (hydra/_internal/defaults_list.py, Overrides.__init__)
     is_choice = [repo.group_exists(o.key_or_group) and not isinstance(o.value(), dict) for o in parsed]
-    if any(o.is_sweep_override() or o.is_hydra_override() for o in parsed):
-        return compose(config_name="train", overrides=overrides, return_hydra_config=True)
     key = tuple(o.input_line for o, choice in zip(parsed, is_choice) if choice)
     if key not in _by_group_choices:
         _by_group_choices[key] = compose(config_name="train", overrides=list(key), return_hydra_config=True)
@@ -266,10 +266,10 @@ def _compose_from_group_choices(overrides: list[str]) -> DictConfig:
     ConfigLoaderImpl._apply_overrides_to_config([o for o, choice in zip(parsed, is_choice) if not choice], cfg)
     cfg.hydra.overrides.task = [o.input_line for o in parsed]
     cfg.hydra.runtime.cwd = os.getcwd()  # what else Hydra reads from the process when it composes
-    with open_dict(cfg.hydra):
-        for name in cfg.hydra.job.env_copy:
-            cfg.hydra.job.env_set[name] = os.environ[name]
     job = cfg.hydra.job
+    with open_dict(cfg.hydra):
+        for name in job.env_copy:
+            job.env_set[name] = os.environ[name]
     job.override_dirname = get_overrides_dirname(overrides=parsed, kv_sep=job.config.override_dirname.kv_sep,
                                                  item_sep=job.config.override_dirname.item_sep,
                                                  exclude_keys=job.config.override_dirname.exclude_keys)

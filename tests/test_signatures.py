@@ -162,3 +162,20 @@ def test_a_bad_value_is_answered_before_torch_loads(tmp_path):
     assert not list(Path(tmp_path).glob("outputs/*/*/*")), "a refused run leaves no folder"
     print(f"answered in {took:.2f} s")
 
+
+
+def test_a_filled_config_file_is_read_again_when_it_changes(tmp_path):
+    """The config source keeps each file it has filled (constructor_defaults._Filling): an edited file is read again,
+    and each caller gets its own copy."""
+    from hydra_plugins.pe_geometry.constructor_defaults import ConstructorDefaultsFileSource
+
+    source = ConstructorDefaultsFileSource(provider="test", path=str(tmp_path))
+    (tmp_path / "pe").mkdir()
+    path = tmp_path / "pe" / "mine.yaml"
+    path.write_text("_target_: pe_geometry.model.CoPE\n")
+    first = source.load_config("pe/mine")
+    assert first.config.p_max == 16 and first.config is not source.load_config("pe/mine").config  # filled; a copy
+    first.config.p_max = 3  # a caller's change stays its own
+    assert source.load_config("pe/mine").config.p_max == 16
+    path.write_text("_target_: pe_geometry.model.CoPE\np_max: 64\n")
+    assert source.load_config("pe/mine").config.p_max == 64

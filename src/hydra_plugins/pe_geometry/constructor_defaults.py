@@ -71,21 +71,22 @@ def _group(config_path: str, header: dict) -> str | None:
 
 
 class _Filling:
-    # Each file loaded and filled once per process, as long as it is unchanged on disk: Hydra reads every file of the
+    # Each file loaded and filled once per process, again when it changes on disk: Hydra reads every file of the
     # defaults list again for each composition (a multirun composes once per job; the tests ~700 times), and parsing
     # the yaml and filling the defaults was a third of a composition's time. Hydra may change what it is given, so
     # each caller gets its own copy.
-    _loaded: dict[tuple, ConfigResult] = {}
+    _loaded: dict[tuple, tuple[tuple[int, int], ConfigResult]] = {}  # (source, file) -> (its stamp, the filled file)
 
     def load_config(self, config_path: str) -> ConfigResult:
-        key = (self.scheme(), self.path, config_path, _stamp(self.path, config_path))  # type: ignore[attr-defined]
-        if key[-1] is None or key not in self._loaded:
+        stamp = _stamp(self.path, config_path)  # type: ignore[attr-defined]
+        key = (self.scheme(), self.path, config_path)  # type: ignore[attr-defined]
+        if stamp is None or self._loaded.get(key, (None,))[0] != stamp:
             result = super().load_config(config_path)  # type: ignore[misc]
             fill_constructor_defaults(result.config, _group(config_path, result.header))
-            if key[-1] is None:
+            if stamp is None:
                 return result
-            self._loaded[key] = result
-        return copy.deepcopy(self._loaded[key])
+            self._loaded[key] = (stamp, result)
+        return copy.deepcopy(self._loaded[key][1])
 
 
 def _stamp(root: str, config_path: str) -> tuple[int, int] | None:

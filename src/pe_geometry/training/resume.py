@@ -24,6 +24,7 @@ import copy
 import logging
 import shlex
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,11 +182,8 @@ def _composed(overrides: list[str]) -> dict:
              if hydra.is_initialized() else str(CONFIG_GROUPS_DIR))
     key = (tuple(overrides), where)
     if key not in _COMPOSED:
-        if hydra.is_initialized():
+        with nullcontext() if hydra.is_initialized() else initialize_config_dir(str(CONFIG_GROUPS_DIR), version_base="1.3"):
             _COMPOSED[key] = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
-        else:
-            with initialize_config_dir(config_dir=str(CONFIG_GROUPS_DIR), version_base="1.3"):
-                _COMPOSED[key] = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
     return copy.deepcopy(_COMPOSED[key])
 
 
