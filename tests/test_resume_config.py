@@ -228,3 +228,53 @@ def test_the_printed_resume_override_parses_back_to_the_checkpoint_path(tmp_path
     (argument,) = shlex.split(printed)
     (override,) = OverridesParser.create().parse_overrides([argument])
     assert override.key_or_group == "ckpt_path" and override.value() == str(run / "checkpoints" / "last.ckpt")
+
+
+def test_warmup_stable_decay_by_hand():
+    """Linear warm-up, flat, then linear to min_ratio at max_steps; before decay_start it ignores max_steps."""
+    from pe_geometry.training.optimizer import warmup_stable_decay
+
+    assert [warmup_stable_decay(s, 2, 6, 10, 0.2) for s in (0, 1, 2, 5, 6, 8, 10, 12)] == pytest.approx(
+        [0.5, 1.0, 1.0, 1.0, 1.0, 0.6, 0.2, 0.2])
+    assert [warmup_stable_decay(s, 2, 6, 10, 0.2) for s in range(6)] == [warmup_stable_decay(s, 2, 6, 99, 0.2) for s in range(6)]
+
+
+WSD = [*SIX_STEPS, "optimizer.min_lr_ratio=0.2"]
+
+
+def test_a_decay_branch_is_the_run_trained_for_that_length_from_the_start(tmp_path, tiny_corpus, cache_dir):
+    """A trunk with a flat rate to step 6, branched at step 2 with decay_start=2 and max_steps=4, ends with the weights,
+    losses and learning rates of a run configured so from step 0; the trunk's folder is left as it was."""
+    train(tiny_train_config(tmp_path / "trunk", tiny_corpus, cache_dir, [*WSD, "optimizer.decay_start=6"]))
+    train(tiny_train_config(tmp_path / "whole", tiny_corpus, cache_dir,
+                            [*WSD, "optimizer.decay_start=2", "trainer.max_steps=4"]))
+    trunk = tmp_path / "trunk" / "run"
+    before = {p: p.stat().st_mtime_ns for p in trunk.rglob("*")}
+    branch = compose_train_config([f"ckpt_path={trunk}/checkpoints/step000002.ckpt", "branch=true",
+                                   "optimizer.decay_start=2", "trainer.max_steps=4"], output_dir=tmp_path / "branch")
+    train(branch)
+
+    assert {p: p.stat().st_mtime_ns for p in trunk.rglob("*")} == before
+    a = torch.load(tmp_path / "branch" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    b = torch.load(tmp_path / "whole" / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert a["global_step"] == b["global_step"] == 4
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in b["state_dict"])
+    assert a["run_config"]["branch"] is True and a["run_config"]["optimizer"]["decay_start"] == 2
+    lrs, whole_lrs = series(tmp_path / "branch", "lr-AdamW/pg1"), series(tmp_path / "whole" / "run", "lr-AdamW/pg1")
+    assert lrs and all(lrs[s] == whole_lrs[s] for s in lrs)
+    assert lrs[3] < lrs[2] * 0.8  # it decays (the trunk's rate is flat there)
+
+
+def test_a_branch_may_move_only_the_decay_and_needs_a_fresh_folder(tmp_path, tiny_corpus, cache_dir):
+    train(tiny_train_config(tmp_path / "trunk", tiny_corpus, cache_dir, [*WSD, "optimizer.decay_start=6"]))
+    step2 = tmp_path / "trunk" / "run" / "checkpoints" / "step000002.ckpt"
+    cfg = compose_train_config([f"ckpt_path={step2}", "branch=true", "optimizer.lr=0.5"], output_dir=tmp_path / "b1")
+    with pytest.raises(ConfigError, match=r"optimizer.lr: checkpoint .*, command line 0.5"):
+        train(cfg)
+    cfg = compose_train_config(["ckpt_path=auto", "branch=true"], output_dir=tmp_path / "b2")
+    with pytest.raises(ConfigError, match=r"branch=true needs ckpt_path=<a checkpoint file>"):
+        train(cfg)
+    cfg = compose_train_config([f"ckpt_path={step2}", "branch=true"], output_dir=tmp_path / "trunk" / "run")
+    with pytest.raises(ConfigError, match=r"already holds a run .* a branch starts a new run"):
+        train(cfg)
+    assert stage_resume([f"ckpt_path={step2}", "branch=true"]) == [f"ckpt_path={step2}", "branch=true"]

@@ -37,6 +37,19 @@ def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def warmup_stable_decay(step: int, warmup_steps: int, decay_start: int, max_steps: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up, constant until ``decay_start``, then linear decay to ``min_ratio`` at
+    ``max_steps`` (Hu et al. 2024, MiniCPM's WSD). Up to ``decay_start`` it does not depend on ``max_steps``: one
+    long run's checkpoint at step S, resumed as a branch (``branch=true``) with ``optimizer.decay_start=S`` and a
+    shorter ``trainer.max_steps``, is exactly the run that was trained for that length from the start."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if step < decay_start:
+        return 1.0
+    progress = min(1.0, (step - decay_start) / max(1, max_steps - decay_start))
+    return 1.0 - (1 - min_ratio) * progress
+
+
 def weight_decay_groups(model: torch.nn.Module, weight_decay: float, no_decay_embeddings: bool) -> list[dict[str, Any]]:
     """Two parameter groups: matrices decay by ``weight_decay``; biases, norms and other 1-d parameters do not.
 
@@ -80,9 +93,14 @@ def adamw_warmup_cosine(
     no_decay_embeddings: bool = False,
     fused: bool = False,  # torch's fused AdamW kernel (trainer=gpu sets it)
     lr_base_width: Annotated[int | None, Ge(1), "the d_model optimizer.lr is meant for"] = None,
+    decay_start: Annotated[int | None, Ge(0), "the step the LR starts to fall (warmup-stable-decay)"] = None,
 ) -> dict[str, Any]:
     """AdamW on ``weight_decay_groups``, its LR warmed up linearly over ``warmup_steps`` then decayed along a
     cosine to ``min_lr_ratio * lr`` at ``max_steps``, stepped every optimiser step.
+
+    ``decay_start``: warmup-stable-decay instead of the cosine (``warmup_stable_decay``): constant from the warm-up to
+    ``decay_start``, then linear to ``min_lr_ratio * lr`` at ``max_steps``. A ``decay_start`` past ``max_steps`` keeps
+    the rate constant to the end.
 
     ``fused``: torch's fused AdamW, one kernel for every parameter's update (``trainer=gpu`` sets it; the same
     update up to float rounding). Off: torch's own choice (its multi-tensor loop on CUDA, a per-parameter loop on
@@ -94,7 +112,13 @@ def adamw_warmup_cosine(
     if lr_base_width is not None:
         groups = width_scaled_groups(groups, model, lr, lr_base_width)
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True if fused else None)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, warmup_steps, max_steps, min_lr_ratio)
-    )
+    if decay_start is None:
+        def multiplier(step: int) -> float:
+            return warmup_cosine(step, warmup_steps, max_steps, min_lr_ratio)
+    else:
+        def multiplier(step: int) -> float:
+            return warmup_stable_decay(step, warmup_steps, decay_start, max_steps, min_lr_ratio)
+    # a plain function, not a callable object: LambdaLR's state_dict leaves it out, so a branch's resume keeps the
+    # schedule its own config builds (its decay_start), not the trunk's
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

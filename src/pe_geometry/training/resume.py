@@ -49,6 +49,8 @@ FIXED_ON_RESUME = (
 )
 # ...except these, which say where or how fast, not what.
 FREE_WITHIN_FIXED = ("data.num_workers", "data.cache_dir")
+# A branch (branch=true) may also set these: where a warmup-stable-decay run's decay starts (and so its length).
+FREE_IN_A_BRANCH = ("optimizer.decay_start",)
 GLOBAL_GROUPS = ("experiment", "control")  # groups whose options write anywhere in the config (@package _global_)
 COLLECTIONS = ("logger", "callbacks")  # groups whose members are the choice itself: a member the run had not is not added
 _ABSENT = object()  # a key a config does not have
@@ -103,7 +105,7 @@ def saved_config(checkpoint: dict) -> dict[str, Any] | None:
     return stored if isinstance(stored, dict) else None
 
 
-def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | None, Path, int | None, dict | None]:
+def read_checkpoint(ckpt_path: str | None, output_dir: Path, branch: bool = False) -> tuple[Path | None, Path, int | None, dict | None]:
     """Where to resume from, which run directory to continue, at which step, and the checkpoint read.
 
     ``ckpt_path=last`` means this run directory's ``checkpoints/last.ckpt``; ``ckpt_path=auto`` the same when it
@@ -112,8 +114,19 @@ def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | Non
     stay in one place. The file is read once here, so a truncated or foreign file is one clear error instead of a
     traceback mid-setup. A new run (``ckpt_path=null``) into a directory that already holds a run's ``last.ckpt`` is
     refused: it would overwrite that run's checkpoints and logs (a sweep started again with its ``hydra.sweep.dir``).
+
+    ``branch``: the checkpoint starts a new run in ``output_dir`` (which must not hold one), whichever folder it is in.
     """
     last = output_dir / LAST_CHECKPOINT
+    if branch:
+        if str(ckpt_path) in ("None", "auto", "last"):
+            raise ConfigError(f"branch=true needs ckpt_path=<a checkpoint file> to branch from, not ckpt_path={ckpt_path}")
+        if last.is_file():
+            raise ConfigError(f"{output_dir} already holds a run (checkpoints/last.ckpt): a branch starts a new run; give it "
+                              "another folder, or continue that one with ckpt_path=last (without branch=true)")
+        path = find_checkpoint(ckpt_path, output_dir)
+        state = read_checkpoint_file(path, required=("global_step", "state_dict", "optimizer_states"))
+        return path, output_dir, int(state["global_step"]), state
     if str(ckpt_path) == "auto":
         ckpt_path = "last" if last.is_file() else None
     if ckpt_path is None:
@@ -129,9 +142,10 @@ def read_checkpoint(ckpt_path: str | None, output_dir: Path) -> tuple[Path | Non
 
 
 # -- what the command line sets, and what it may not change -----------------------------------------------------------
-def is_fixed_on_resume(key: str) -> bool:
-    """``model.d_model`` -> True, ``trainer.max_steps`` -> False (dotted config keys)."""
-    return _under(key, FIXED_ON_RESUME) and not _under(key, FREE_WITHIN_FIXED)
+def is_fixed_on_resume(key: str, branch: bool = False) -> bool:
+    """``model.d_model`` -> True, ``trainer.max_steps`` -> False (dotted config keys); ``optimizer.decay_start`` is
+    free in a branch."""
+    return _under(key, FIXED_ON_RESUME) and not _under(key, FREE_WITHIN_FIXED + (FREE_IN_A_BRANCH if branch else ()))
 
 
 def _under(key: str, prefixes: Iterable[str]) -> bool:
@@ -263,13 +277,14 @@ def choice_contradictions(saved_choices: dict[str, Any] | None, overrides: Itera
     return out
 
 
-def contradictions(current: dict[str, Any], saved: dict[str, Any], overridden: set[str]) -> dict[str, tuple[Any, Any]]:
+def contradictions(current: dict[str, Any], saved: dict[str, Any], overridden: set[str],
+                   branch: bool = False) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved, current)}`` for fixed-on-resume keys the user overrode to a different value."""
     flat_now, flat_saved = flatten(current), flatten(saved)
     out = {}
     for key in sorted(set(flat_now) | set(flat_saved)):
         now, before = flat_now.get(key, _ABSENT), flat_saved.get(key, _ABSENT)
-        if not is_fixed_on_resume(key) or now == before or (_scalar(now) and _scalar(before) and str(now) == str(before)):
+        if not is_fixed_on_resume(key, branch) or now == before or (_scalar(now) and _scalar(before) and str(now) == str(before)):
             continue  # ("16" in the checkpoint and 16 typed now: the same precision)
         if _under(key, overridden):
             out[key] = (flat_saved.get(key, "<absent>"), flat_now.get(key, "<absent>"))
@@ -370,7 +385,7 @@ def _still_derived(run: DictConfig, now: DictConfig) -> list[str]:
 
 def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Iterable[str], ckpt_path: Path,
                         run_dir: Path | None = None, current_raw: dict | None = None,
-                        saved_choices: dict[str, Any] | None = None) -> dict[str, tuple]:
+                        saved_choices: dict[str, Any] | None = None, branch: bool = False) -> dict[str, tuple]:
     """Make ``cfg`` the checkpoint's config plus the command line's explicit overrides (``resumed_config``);
     returns what differs from the checkpoint ``{key: (old, new)}``.
 
@@ -380,7 +395,7 @@ def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Itera
     overrides = list(overrides)
     overridden = overridden_keys(overrides)
     current = OmegaConf.to_container(cfg, resolve=True)
-    bad = {**choice_contradictions(saved_choices, overrides), **contradictions(current, saved, overridden)}
+    bad = {**choice_contradictions(saved_choices, overrides), **contradictions(current, saved, overridden, branch)}
     if bad:
         listed = "; ".join(f"{k}: checkpoint {old!r}, command line {new!r}" for k, (old, new) in bad.items())
         raise ConfigError(
@@ -420,7 +435,8 @@ def prepare_resume(cfg: DictConfig, overrides: list[str], choices: dict[str, Any
     """Read ``cfg.ckpt_path`` and, for a resume, make ``cfg`` the checkpoint's config plus the command line's explicit
     ``overrides`` (``as_given``: ``cfg`` unresolved, as composed), writing in the run folder it continues. Nothing is
     written; every check that can refuse the resume runs here."""
-    ckpt_path, run_dir, step, state = read_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir))
+    branch = bool(cfg.get("branch", False))
+    ckpt_path, run_dir, step, state = read_checkpoint(cfg.ckpt_path, Path(cfg.paths.output_dir), branch)
     if ckpt_path is None:
         return Resume(None, run_dir, choices=choices)
     changes: dict[str, tuple] = {}
@@ -429,14 +445,20 @@ def prepare_resume(cfg: DictConfig, overrides: list[str], choices: dict[str, Any
         log.warning("%s carries no run config: resuming with the config as given, unchecked", ckpt_path)
     else:
         saved_choices = state.get("group_choices")
-        changes = apply_resume_config(cfg, saved, overrides, ckpt_path, run_dir, as_given, saved_choices)
+        changes = apply_resume_config(cfg, saved, overrides, ckpt_path, run_dir, as_given, saved_choices, branch)
+        if branch:
+            with open_dict(cfg):
+                cfg.branch = True  # the trunk's own config says false; this run is a branch of it
         # the run's choices, with those the command line changed (a resumed rope run stays pe=rope)
         given = {o.partition("=")[0]: o.partition("=")[2] for o in overrides if "=" in o and not o.startswith(("~", "+", "hydra"))}
         choices = {**(saved_choices or choices), **{k: v for k, v in given.items() if k in choices}}
-    log.info("resuming %s at step %d: continuing in %s", ckpt_path, step, run_dir)
+    if branch:
+        log.info("branching from %s at step %d: a new run in %s", ckpt_path, step, run_dir)
+    else:
+        log.info("resuming %s at step %d: continuing in %s", ckpt_path, step, run_dir)
     with open_dict(cfg):
         cfg.paths.output_dir = str(run_dir)  # checkpoints and logs continue in the original run
-    return Resume(ckpt_path, run_dir, step, changes, choices, state.get("wandb_run_id"))
+    return Resume(ckpt_path, run_dir, step, changes, choices, None if branch else state.get("wandb_run_id"))
 
 
 def resume_command(cfg: DictConfig) -> str:

@@ -91,6 +91,8 @@ def stage_resume(argv: list[str]) -> list[str]:
     if answers_only(argv):
         return argv  # answers without running
     extra = []
+    if _value(argv, "branch") in ("true", "True", "1"):
+        return argv  # a branch is a new run in the folder Hydra makes: nothing to stage
     if ckpt != "last" and Path(ckpt).expanduser().parent.name != "checkpoints":
         return argv  # a checkpoint outside a run's checkpoints/: the resume becomes a new run in the folder Hydra makes
     if ckpt == "last":  # "this run folder's last.ckpt": the folder the command names, before Hydra is pointed elsewhere
