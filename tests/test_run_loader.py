@@ -222,7 +222,8 @@ def test_the_optimizer_config_builds_adamw_with_its_settings_and_schedule(tmp_pa
 def test_a_misspelt_optimizer_key_names_the_valid_ones(tmp_path):
     from pe_geometry.training.validate import ConfigError, check_config
 
-    valid = r"\['betas', 'fused', 'lr', 'lr_base_width', 'min_lr_ratio', 'no_decay_embeddings', 'warmup_steps', 'weight_decay'\]$"
+    valid = (r"\['betas', 'decay_start', 'fused', 'lr', 'lr_base_width', 'min_lr_ratio', 'no_decay_embeddings', "
+             r"'warmup_steps', 'weight_decay'\]$")
     with pytest.raises(ConfigError, match=r"^optimizer.momentum is not a setting of optimizer=adamw; valid: " + valid):
         check_config(compose_train_config(["+optimizer.momentum=0.9"], tmp_path))
 
