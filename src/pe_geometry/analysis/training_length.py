@@ -163,36 +163,29 @@ def planned_tests(plan: dict, cells: dict, cross: dict, rotations: dict, pretrai
 
     out = []
     for spec in plan["tests"]:
-        row: dict = {"id": spec["id"], "spec": spec}
+        row: dict = {"id": spec["id"], "spec": spec, "question": question(spec, longest)}
         kind = spec["kind"]
         if kind == "slope":
             by_length = {n: ratios(spec["depth"], spec["arm"], n) for n in plan["lengths"]}
             if all(v is not None for v in by_length.values()):
                 row |= {"ratios": by_length} | one_sample(slope_per_seed(by_length))
-                row["question"] = f"does r change with training length ({spec['arm']}, depth {spec['depth']})?"
         elif kind == "welch":
             a, b = ratios(spec["a"]["depth"], spec["a"]["arm"], longest), ratios(spec["b"]["depth"], spec["b"]["arm"], longest)
             if a is not None and b is not None:
                 row |= welch(np.log(a).tolist(), np.log(b).tolist())
-                row["question"] = (f"ln r at {longest}: {spec['a']['arm']} depth {spec['a']['depth']} vs "
-                                   f"{spec['b']['arm']} depth {spec['b']['depth']}")
         elif kind == "phantom":
             got = [cross.get((spec["depth"], spec["arm"], s), {}).get("phantom") for s in seeds]
             if all(g is not None for g in got):
                 row |= one_sample([math.log(g[f"{figure}_ratio"]) for g in got])
-                row["question"] = f"{spec['arm']}'s P against the NoPE run's E (depth {spec['depth']}): ln r vs 0"
         elif kind == "rotation":
             got = [rotations.get((spec["depth"], spec["arm"], s, spec["rotate"])) for s in seeds]
             if all(g is not None for g in got):
                 row |= one_sample([g["D"] for g in got])
                 row["above_every_random"] = [g["above_every_random"] for g in got]
-                row["question"] = (f"rotating {spec['rotate']} ({spec['arm']}, depth {spec['depth']}): does the "
-                                   "adversarial rotation hurt more than random ones?")
         elif kind == "rotation_pretrained":
             got = pretrained.get((spec["model"], spec["rotate"]))
             if got is not None:
-                row |= {"p": got["p"], "D": got["D"], "same_sign": got["D"] > 0, "above_every_random": [got["above_every_random"]],
-                        "question": f"{spec['model']}: does the adversarial rotation of {spec['rotate']} move the output more?"}
+                row |= {"p": got["p"], "D": got["D"], "same_sign": got["D"] > 0, "above_every_random": [got["above_every_random"]]}
         row["ran"] = "p" in row
         out.append(row)
     ran = [r for r in out if r["ran"]]
@@ -201,6 +194,22 @@ def planned_tests(plan: dict, cells: dict, cross: dict, rotations: dict, pretrai
     for row in out:
         row["reading"] = _reading(row, plan["alpha"])
     return out
+
+
+def question(spec: dict, longest: int) -> str:
+    """A planned test in words."""
+    kind = spec["kind"]
+    if kind == "slope":
+        return f"does r change with training length ({spec['arm']}, depth {spec['depth']})? slope of ln r per doubling"
+    if kind == "welch":
+        a, b = spec["a"], spec["b"]
+        return f"ln r at {longest} steps: {a['arm']} depth {a['depth']} vs {b['arm']} depth {b['depth']}"
+    if kind == "phantom":
+        return f"{spec['arm']}'s P against the same seed's NoPE E (depth {spec['depth']}): ln r vs 0"
+    if kind == "rotation":
+        return (f"rotating {spec['rotate']} ({spec['arm']}, depth {spec['depth']}): does the adversarial rotation hurt "
+                "more than random ones? D vs 0")
+    return f"{spec.get('model')}: does the adversarial rotation of {spec['rotate']} move the output more than random ones?"
 
 
 def _reading(row: dict, alpha: float) -> str:
@@ -391,7 +400,7 @@ def tests_table(results: dict) -> list[str]:
     lines = ["| test | question | per seed | mean ± sd | t (df) | p | Holm p | reading |", "|---|---|---|---|---|---|---|---|"]
     for t in results["planned_tests"]:
         if not t["ran"]:
-            lines.append(f"| {t['id']} | {t['spec']} | | | | | | {t['reading']} |")
+            lines.append(f"| {t['id']} | {t['question']} | | | | | | {t['reading']} |")
             continue
         values = t.get("values") or ([t["D"]] if "D" in t else t.get("a", []))
         if t["spec"]["kind"] == "welch":
@@ -434,18 +443,21 @@ def rotation_table(results: dict) -> list[str]:
     groups: dict = defaultdict(list)
     for r in results["rotation"]:
         groups[(r["depth"], r["arm"], r["rotate"])].append(r)
-    lines = ["| depth | arm | rotated | loss | rise, adversarial | rise, random (mean ± sd of 20) | D per seed | "
-             "adversarial above every random | p per seed (rank) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| depth | arm | rotated | loss | rise, adversarial | rise, random (mean ± sd of 20) | rise, away (onto the "
+             "other's bottom-8) | D per seed | adversarial above every random | p per seed (rank) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for (depth, arm, rotate), rs in sorted(groups.items()):
         lines.append(
             f"| {depth} | {ARM_WORDS.get(arm, arm)} | {rotate} | {_ms([r['loss'] for r in rs])} | "
             f"{_ms([r['delta_adversarial'] for r in rs])} | "
             f"{', '.join(_pm(r['delta_random_mean'], r['delta_random_std']) for r in rs)} | "
+            f"{_ms([r['delta_away'] for r in rs])} | "
             f"{', '.join(_fmt(r['D']) for r in rs)} | {', '.join('yes' if r['above_every_random'] else 'no' for r in rs)} | "
             f"{', '.join(_fmt(r['p'], 2) for r in rs)} |")
     for r in results["rotation_pretrained"]:
         lines.append(f"| {r['model_type']} ({r['model'].rsplit('/', 2)[-2]}) | its learned table | {r['rotate']} | "
                      f"drift 0 | {_fmt(r['delta_adversarial'])} | {r['delta_random_mean']:.3g} ± {r['delta_random_std']:.2g} | "
+                     f"{_fmt(r['delta_away'])} | "
                      f"{_fmt(r['D'])} | {'yes' if r['above_every_random'] else 'no'} | {_fmt(r['p'], 2)} |")
     return lines
 
@@ -521,7 +533,7 @@ def write_figure(results: dict, path) -> None:
             ax = axes[i, j]
             for arm in arms:
                 curves = [c for c in results["curves"] if c["depth"] == depth and c["arm"] == arm]
-                trunks = [c for c in curves if c["part"] == "trunk" and len(c["step"]) > 1]
+                trunks = [c for c in curves if c["part"] == "trunk" and c["step"] and c["step"][-1] == longest]
                 if trunks:
                     n = min(len(c["step"]) for c in trunks)
                     steps = np.asarray(trunks[0]["step"][:n])
@@ -541,8 +553,7 @@ def write_figure(results: dict, path) -> None:
                     ax.errorbar([length], [np.mean(values)], yerr=[np.std(values, ddof=1)] if len(values) > 1 else None,
                                 marker="o", color=colours[arm], markersize=4, capsize=2)
             ax.axhline(1.0, color="grey", linewidth=0.8)
-            ax.set_xscale("symlog", linthresh=100)
-            ax.set_xlim(0, longest * 1.05)
+            ax.set_xlim(0, longest * 1.03)
             ax.set_title(f"depth {depth}: {FIGURE_WORDS[name]}", fontsize=9)
             ax.set_xlabel("step")
             ax.set_ylabel("value / null mean")
