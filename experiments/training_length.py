@@ -16,6 +16,7 @@ phantom/swap/random-orientation reads, the rotation test, the planned tests with
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -27,7 +28,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "experiments" / "plans" / "training_length.yaml"
-RECIPE = ["experiment=width_curve", "logger=csv", "callbacks.checkpoint.every_n_train_steps=200"]
+RECIPE = ["experiment=width_curve", "logger=csv"]
+CHECKPOINT_EVERY = 200  # the width curve's cadence; a decay start off it would have no checkpoint to branch from
 
 
 def read_plan(path: Path = PLAN) -> dict:
@@ -45,6 +47,11 @@ def unit_dir(root: Path, depth: int, arm: str, seed: int) -> Path:
 
 def decay_start(length: int, plan: dict) -> int:
     return round(length * (1 - plan["decay_fraction"]))
+
+
+def checkpoint_every(plan: dict) -> int:
+    """Every decay start is a checkpoint: the cadence divides each (200 for the committed plan)."""
+    return math.gcd(CHECKPOINT_EVERY, *(decay_start(n, plan) for n in plan["lengths"]))
 
 
 def finished_step(run: Path) -> int | None:
@@ -65,10 +72,12 @@ def _run(args: list[str], log: Path) -> int:
                                env=env, cwd=ROOT)
 
 
-def train_unit(root: Path, plan: dict, depth: int, arm: str, seed: int) -> str:
+def train_unit(root: Path, plan: dict, depth: int, arm: str, seed: int, extra: list[str] = ()) -> str:
+    """The trunk then each shorter length's branch of one depth x arm x seed; ``extra``: overrides for every run."""
     where = unit_dir(root, depth, arm, seed)
     longest = max(plan["lengths"])
-    base = [*RECIPE, *plan["arms"][arm], f"model.n_layers={depth}", f"seed={seed}"]
+    base = [*RECIPE, f"callbacks.checkpoint.every_n_train_steps={checkpoint_every(plan)}", *plan["arms"][arm],
+            f"model.n_layers={depth}", f"seed={seed}", *extra]
     trunk = where / "trunk"
     started = time.time()
     step = finished_step(trunk)
@@ -98,7 +107,7 @@ def train(args: argparse.Namespace) -> None:
     plan = read_plan(args.plan)
     todo = units(plan)
     with ThreadPoolExecutor(args.jobs) as pool:
-        for line in pool.map(lambda u: train_unit(args.root, plan, *u), todo):
+        for line in pool.map(lambda u: train_unit(args.root, plan, *u, extra=args.set), todo):
             print(line, flush=True)
 
 
@@ -115,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plan", type=Path, default=PLAN)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "training_length")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="pe-train overrides for every run (another corpus, a smaller model: a smoke test)")
     args = parser.parse_args(argv)
     train(args) if args.step == "train" else score(args)
 

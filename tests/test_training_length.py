@@ -100,3 +100,49 @@ def test_a_rotation_test_needs_every_seed_above_every_random():
                  enumerate([(0.2, True), (0.25, True), (0.22, False)])}
     tests = {t["id"]: t for t in planned_tests(plan, {}, {}, rotations, {})}
     assert tests["T9"]["ran"] and tests["T9"]["reading"] == "no need for the separation detected"
+
+
+@pytest.mark.slow  # four tiny pe-train runs in subprocesses, then the scoring: ~1 min on an idle 2-vCPU VM
+def test_the_experiment_trains_trunks_and_branches_and_scores_them(tmp_path, tiny_corpus, cache_dir):
+    """The driver end to end on a tiny plan: a trunk of 14 steps and a branch to 7 off its step-6 checkpoint per arm;
+    a second call trains nothing; the scorer reads every run (figures, phantom read, rotation test) into a report."""
+    import json
+
+    import yaml
+
+    from tests.conftest import TINY
+    from tests.test_reliability import corpus_args
+
+    plan = yaml.safe_load(script.PLAN.read_text())
+    plan |= {"lengths": [7, 14], "seeds": [0], "depths": [1],
+             "arms": {"learned": ["control=learned_baseline"], "nope": ["pe=none"]},
+             "run_order": [{"depth": 1, "arms": ["learned", "nope"]}],
+             "tests": [{"id": "T1", "kind": "slope", "depth": 1, "arm": "learned"},
+                       {"id": "T8", "kind": "phantom", "depth": 1, "arm": "learned"},
+                       {"id": "T9", "kind": "rotation", "depth": 1, "arm": "learned", "rotate": "P"}],
+             "rotation": {"k": 4, "n_random": 2, "val_batches": 1, "seed": 0}}
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(yaml.safe_dump(plan))
+    tiny = [o for o in TINY if not o.startswith(("trainer.max_steps", "model.n_layers", "callbacks.checkpoint"))]
+    settings = [*corpus_args(tiny_corpus), f"paths.cache_dir={cache_dir}", *tiny, "trainer.val_check_interval=7",
+                "callbacks.geometry.every_n_steps=7", "optimizer.warmup_steps=1", "model.n_heads=2"]
+    root = tmp_path / "runs"
+    args = ["train", "--plan", str(plan_file), "--root", str(root), "--jobs", "1", "--set", *settings]
+    script.main(args)
+    for arm in ("learned", "nope"):
+        assert script.finished_step(root / "L1" / f"{arm}-s0" / "trunk") == 14
+        assert script.finished_step(root / "L1" / f"{arm}-s0" / "b7") == 7
+    branch = torch.load(root / "L1" / "learned-s0" / "b7" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert branch["run_config"]["optimizer"]["decay_start"] == 6 and branch["run_config"]["branch"] is True
+    stamp = (root / "L1" / "learned-s0" / "trunk" / "checkpoints" / "last.ckpt").stat().st_mtime_ns
+    script.main(args)  # everything finished: nothing trains again
+    assert (root / "L1" / "learned-s0" / "trunk" / "checkpoints" / "last.ckpt").stat().st_mtime_ns == stamp
+
+    out = tmp_path / "results"
+    script.main(["score", "--plan", str(plan_file), "--root", str(root), "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    tests = {t["id"]: t for t in results["planned_tests"]}
+    assert not tests["T1"]["ran"]  # a slope over one seed has no t-test: reported, not dropped
+    assert {(c["arm"], c["length"]) for c in results["cells"]} == {("learned", 7), ("learned", 14), ("nope", 7), ("nope", 14)}
+    assert "phantom" in results["cross_reads"][0] and len(results["rotation"]) == 1
+    assert "## The planned tests" in (out / "report.md").read_text() and (out / "figures.png").stat().st_size > 10_000

@@ -58,7 +58,7 @@ def finished(run: Path, length: int) -> bool:
 def input_rows(run: Path):
     from pe_geometry.analysis.verdict import final_input_rows
 
-    E, P, _ = final_input_rows(run)
+    E, P, _ = final_input_rows(run, words_without_table=True)
     return E, P
 
 
@@ -186,7 +186,9 @@ def planned_tests(plan: dict, cells: dict, cross: dict, rotations: dict, pretrai
             got = pretrained.get((spec["model"], spec["rotate"]))
             if got is not None:
                 row |= {"p": got["p"], "D": got["D"], "same_sign": got["D"] > 0, "above_every_random": [got["above_every_random"]]}
-        row["ran"] = "p" in row
+        row["ran"] = "p" in row and math.isfinite(row["p"])
+        if "p" in row and not row["ran"]:
+            row["why_not"] = "too few seeds for its test"
         out.append(row)
     ran = [r for r in out if r["ran"]]
     for row, p in zip(ran, holm([r["p"] for r in ran]), strict=True):
@@ -214,7 +216,7 @@ def question(spec: dict, longest: int) -> str:
 
 def _reading(row: dict, alpha: float) -> str:
     if not row["ran"]:
-        return "not run (its runs did not all finish within the budget)"
+        return f"not run ({row.get('why_not', 'its runs did not all finish within the budget')})"
     passed = row["holm_p"] < alpha and row["same_sign"]
     kind = row["spec"]["kind"]
     if kind == "slope":

@@ -86,15 +86,17 @@ def checkpoint_at(run_dir: Path, at: str = "last") -> Path:
     return run_dir / "checkpoints" / CHECKPOINTS[at]
 
 
-def final_input_rows(run_dir: Path, checkpoint: Path | None = None):
-    """(E, P, step) of a run's checkpoint (default: its last): the word rows and position rows the callback measured."""
+def final_input_rows(run_dir: Path, checkpoint: Path | None = None, words_without_table: bool = False):
+    """(E, P, step) of a run's checkpoint (default: its last): the word rows and position rows the callback measured.
+    A run without an input table: (None, None, step), or with ``words_without_table`` (E, None, step) (a NoPE run's
+    word rows, read against another run's table)."""
     import torch
 
     from pe_geometry.training.run_loader import load_trained_run  # torch + the model code: only when needed
 
     run = load_trained_run(checkpoint or run_dir, datamodules=_DATAMODULES)  # a sweep's runs share one datamodule
     cfg, datamodule, model, step = run.config, run.datamodule, run.model, run.step
-    if model.W_pos is None:
+    if model.W_pos is None and not words_without_table:
         return None, None, step
     rule_path = run_dir / "geometry_tokens.json"
     if rule_path.is_file():  # the exact rows the callback used
@@ -110,7 +112,7 @@ def final_input_rows(run_dir: Path, checkpoint: Path | None = None):
         ids = ids.tolist()
     with torch.no_grad():
         E = model.W_E[torch.tensor(ids)].float()
-        P = model.W_pos[: int(cfg.data.seq_len)].float()
+        P = None if model.W_pos is None else model.W_pos[: int(cfg.data.seq_len)].float()
     return E, P, step
 
 
