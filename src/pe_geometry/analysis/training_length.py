@@ -136,6 +136,9 @@ def one_sample(values: list[float]) -> dict:
     from scipy import stats
 
     v = np.asarray(values, dtype=float)
+    if len(v) < 2:  # no spread, no test
+        return {"values": v.tolist(), "mean": float(v.mean()), "sd": float("nan"), "t": float("nan"), "df": 0,
+                "p": float("nan"), "same_sign": True}
     t = stats.ttest_1samp(v, 0.0)
     return {"values": v.tolist(), "mean": float(v.mean()), "sd": float(v.std(ddof=1)), "t": float(t.statistic),
             "df": len(v) - 1, "p": float(t.pvalue), "same_sign": bool(np.all(v > 0) or np.all(v < 0))}
