@@ -111,8 +111,11 @@ def test_a_rope_run_ends_with_its_probe_and_block_0_attention_beside_their_basel
                50: {"geometry/attn/head0/positional_share": 0.0}}  # a record without the probe does not count as its end
     records[100].update({"geometry/hidden/layer1/position_r2_null_mean": -0.01, "geometry/hidden/layer1/position_r2_p": 0.0476})
     lines = geometry_callback(records).summary_lines()
+    # p 1/21 is the floor of the 20 shifts: said as a floor, not read as a test's p (issue 50)
     assert lines[0].split() == ["position", "probe", "R²", "(block", "1", "input)", "step", "0:", "0.0500", "step", "100:",
-                                "0.5000", "null", "-0.0100,", "p", "0.048"]
+                                "0.5000", "null", "-0.0100,", "p", "at", "its", "floor", "0.048", "(20", "shifts;", "read", "z)"]
+    records[100].update({"geometry/hidden/layer1/position_r2_p": 0.2, "geometry/hidden/layer1/position_r2_z": 1.3})
+    assert geometry_callback(records).summary_lines()[0].endswith("null -0.0100, p 0.200, z 1")
     assert lines[1].startswith("block 0 positional share (2 heads)") and lines[1].split()[-6:] == [
         "0.3000", "step", "100:", "0.7000", "null", "0.1500"]
     assert lines[2].startswith("block 0 mean distance (2 heads)") and lines[2].split()[-6:] == [

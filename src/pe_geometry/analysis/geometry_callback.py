@@ -175,7 +175,7 @@ class GeometryCallback(L.Callback):
     # -- the end of the run -------------------------------------------------------------
     def summary_lines(self) -> list[str]:
         """The headline figures at initialisation and at the end, beside chance and null (training.summary)."""
-        return geometry_summary.summary_lines(self.records)
+        return geometry_summary.summary_lines(self.records, self.probe_permutations)
 
     def wandb_summary(self) -> dict[str, LineChart | Table]:
         """The headline figures against chance as charts, and the angle table (training.wandb_run)."""

@@ -15,7 +15,7 @@ from pe_geometry.training.wandb_run import LineChart, Table
 HEADLINE = tuple(names.input_metric(m) for m in ("abs_cos_mean", "overlap_k8", "angle_mean_k8_deg"))
 
 
-def summary_lines(records: dict[int, dict[str, float]]) -> list[str]:
+def summary_lines(records: dict[int, dict[str, float]], n_shifts: int = 20) -> list[str]:
     """One line per headline figure the last record holds: its value at the first and last record, beside chance
     and the null (mean ± std, p) when logged. No records, no lines."""
     if not records:
@@ -32,7 +32,7 @@ def summary_lines(records: dict[int, dict[str, float]]) -> list[str]:
         if None not in (null_mean, null_std, p_value):  # the spectra-keeping null: is the end value an effect?
             beside += f"   null {null_mean:.4f} ± {null_std:.4f}, p {p_value:.3f}"
         lines.append(f"{name:<36} step {first}: {at_init:.4f}   step {last}: {records[last][name]:.4f}{beside}")
-    return lines + probe_line(records) + attention_lines(records)
+    return lines + probe_line(records, n_shifts) + attention_lines(records)
 
 
 def _first_and_last(records: dict[int, dict[str, float]], key: str) -> tuple[int, int] | None:
@@ -40,8 +40,9 @@ def _first_and_last(records: dict[int, dict[str, float]], key: str) -> tuple[int
     return (steps[0], steps[-1]) if steps else None
 
 
-def probe_line(records: dict[int, dict[str, float]]) -> list[str]:
-    """The position probe at the last block's input (the verdict's, every PE type has one), beside its null."""
+def probe_line(records: dict[int, dict[str, float]], n_shifts: int = 20) -> list[str]:
+    """The position probe at the last block's input (the verdict's, every PE type has one), beside its null of
+    ``n_shifts`` label shifts (its p's floor is 1 / (n_shifts + 1), said as a floor, not a p)."""
     layers = {int(m.group(1)) for r in records.values() for k in r
               if (m := re.fullmatch(rf"{names.PREFIX}/hidden/layer(\d+)/position_r2", k))}
     if not layers:
@@ -49,8 +50,14 @@ def probe_line(records: dict[int, dict[str, float]]) -> list[str]:
     layer = names.last_block_input(max(layers))  # the highest index is the stack's output, n_layers
     key = names.hidden_metric(layer, "position_r2")
     first, last = _first_and_last(records, key)
-    null_mean, p_value = (records[last].get(names.companion(key, s)) for s in ("_null_mean", "_p"))
-    beside = f"   null {null_mean:.4f}, p {p_value:.3f}" if None not in (null_mean, p_value) else ""
+    null_mean, p_value, z = (records[last].get(names.companion(key, s)) for s in ("_null_mean", "_p", "_z"))
+    beside = ""
+    if None not in (null_mean, p_value):
+        floor = 1 / (n_shifts + 1)
+        # the shift null's p cannot go below 1/(n + 1): at the floor it is not a test result, z carries the reading
+        said = (f"p at its floor {floor:.3f} ({n_shifts} shifts; read z)" if p_value <= floor * (1 + 1e-9)
+                else f"p {p_value:.3f}")
+        beside = f"   null {null_mean:.4f}, {said}" + (f", z {z:.0f}" if z is not None and z == z else "")
     return [f"{'position probe R² (block ' + str(layer) + ' input)':<36} step {first}: {records[first][key]:.4f}   "
             f"step {last}: {records[last][key]:.4f}{beside}"]
 
