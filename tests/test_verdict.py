@@ -180,6 +180,14 @@ def test_seeds_all_at_their_nulls_p_floor_are_not_called_indistinguishable():
     corrected = correct_report(verdicts)[0]["hidden"]["position_r2"]
     assert corrected["holm_p"] > 0.05
     text = reading(corrected, toward="position readable", away="below the null")
-    assert text.startswith("above the null in all 3 seeds, each at its null's p floor (0.048)") and "read z" in text
+    assert text.startswith("above the null in all 3 seeds, each at its null's p floor (0.048; z 225)") and "read z" in text
     uneven = correct_report([{**verdicts[0], "hidden": {"position_r2": {**probe, "p": [floor, 0.06, 0.3]}}}])
     assert reading(uneven[0]["hidden"]["position_r2"]).startswith("not distinguishable from the null")
+    # one seed (a sweep's default) at z 256: the same floor, said so, not "not distinguishable" (issue 50 item 9)
+    single = combine_seeds([0.99], [0.0], [floor], [256.0], side="greater")
+    one = correct_report([{"label": "a", "seeds": [0], "input": {f"f{i}": combine_seeds([0.1], [0.1], [0.5], [0.1], side="less")
+                                                                    for i in range(17)},
+                           "hidden": {"position_r2": single}, "attn": {}}])[0]["hidden"]["position_r2"]
+    assert reading(one).startswith("above the null in the only seed, at its null's p floor (0.048; z 256)")
+    weak = {**one, "z": [1.9]}  # a small z: the p is the effect's, not the floor's
+    assert reading(weak).startswith("not distinguishable from the null")

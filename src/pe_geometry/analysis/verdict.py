@@ -285,12 +285,16 @@ def reading(v: dict, toward: str = "separated", away: str = "more aligned than t
     if v["holm_p"] < SIGNIFICANCE:
         return f"seeds on both sides of the null: no verdict (Holm p {holm_p})"
     k = sum(1 for q in v["p"] if q < SIGNIFICANCE)
-    if side and n > 1 and k == n and len(set(v["p"])) == 1:
-        # every seed at the same smallest p its null allows (the probe's 20 cyclic shifts: 1/21), so the Holm p is that
-        # floor's, not a measure of the effect: say so, and point at z, rather than call it "not distinguishable"
+    z = [abs(x) for x in v.get("z") or [] if x == x]
+    at_floor = (n > 1 and len(set(v["p"])) == 1) or (len(z) == n and min(z) >= 5)
+    if side and k == n and at_floor:
+        # every seed at the same smallest p its null allows (the probe's 20 cyclic shifts: 1/21), or one seed whose z
+        # says the null's resolution, not the effect, holds the p up: the Holm p is that floor's, not a measure of the
+        # effect: say so, and point at z, rather than call it "not distinguishable" (a sweep of one seed at z 256 was)
         where = "below" if side < 0 else "above"
-        return (f"{where} the null in all {n} seeds, each at its null's p floor ({fmt(v['p'][0], 2)}): too few null draws "
-                f"to pass Holm (p {holm_p}); read z")
+        seeds = "the only seed, at" if n == 1 else f"all {n} seeds, each at"
+        return (f"{where} the null in {seeds} its null's p floor ({fmt(v['p'][0], 2)}; z {fmt(min(z), 3) if z else 'n/a'}): "
+                f"too few null draws to pass Holm (p {holm_p}); read z")
     if n == 1:  # one seed is "the only seed", not "0/1 seeds"
         seeds = f"the only seed p {'<' if k else '≥'} {SIGNIFICANCE}"
     else:
