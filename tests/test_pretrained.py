@@ -169,3 +169,19 @@ def test_smollm2_is_read_offline_from_its_gguf(tmp_path):
     assert "quantisation band" in done.stdout and f"±{band['probe']:.2f}" in done.stdout
     shares = [s for a in r["attention_layers"] for s in a["positional_share"]]
     assert len(shares) == 30 * 9 and max(shares) > 0.5  # RoPE puts position in the scores of some heads
+
+
+def test_the_sign_test_per_kv_group_and_per_layer_by_hand():
+    """Heads are not independent: the sign test is also read over KV groups (query heads sharing keys) and layers.
+    Two layers of 4 query heads in 2 KV groups; a unit is below when its heads' mean gap to their null medians is."""
+    from pe_geometry.analysis.nulls import sign_test
+    from pe_geometry.analysis.pretrained import grouped_sign_tests
+
+    def head(gap: float) -> dict:
+        return {"share": 0.5 + gap, "share_null_median": 0.5}
+
+    layers = [{"positional_share_null": [head(-0.2), head(0.1), head(-0.1), head(-0.1)]},   # groups: -0.05, -0.1
+              {"positional_share_null": [head(0.3), head(-0.1), head(0.2), head(-0.3)]}]    # groups: 0.1, -0.05
+    out = grouped_sign_tests(layers, n_heads=4, n_kv_heads=2)
+    assert out["per_kv_group"] == {"n_units": 4, "below": 3, "sign_test_p": sign_test(3, 4)}
+    assert out["per_layer"] == {"n_units": 2, "below": 1, "sign_test_p": sign_test(1, 2)}  # layer means -0.075, +0.025

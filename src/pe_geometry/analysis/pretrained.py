@@ -150,7 +150,28 @@ def hidden_state_layers(reader: Reader, ids: Tensor, text: slice, n_permutations
 # ----------------------------------------------------------------------------- attention
 
 
-def rotation_summary(layers: list[dict], alpha: float = 0.05) -> dict | None:
+def grouped_sign_tests(layers: list[dict], n_heads: int, n_kv_heads: int | None) -> dict:
+    """The sign test over units that are closer to independent than heads: heads are not (the query heads of one KV
+    group share its keys; a layer's heads share its input). A unit is below when the mean over its heads of
+    (share - the head's null median) is negative. ``per_kv_group``: query head h belongs to KV head
+    h // (n_heads / n_kv_heads) (transformers' grouped-query layout); ``per_layer``: one unit per layer."""
+    group_size = n_heads // (n_kv_heads or n_heads)
+    out = {}
+    for name, unit_of in (("per_kv_group", lambda h: h // group_size), ("per_layer", lambda h: 0)):
+        units = []
+        for row in layers:
+            nulls = row.get("positional_share_null") or []
+            gaps: dict[int, list[float]] = {}
+            for h, n in enumerate(nulls):
+                gaps.setdefault(unit_of(h), []).append(n["share"] - n["share_null_median"])
+            units += [statistics.fmean(g) for g in gaps.values()]
+        below = sum(g < 0 for g in units)
+        out[name] = {"n_units": len(units), "below": below, "sign_test_p": sign_test(below, len(units)) if units else None}
+    return out
+
+
+def rotation_summary(layers: list[dict], alpha: float = 0.05, n_heads: int | None = None,
+                     n_kv_heads: int | None = None) -> dict | None:
     """The rotation null read over every head of a model (None without a rotation): how many heads' shares sit below
     the median of their own null and the sign test of that count (under the null each head is as likely above its
     median as below: two-sided binomial p), the most telling single test for a model of many heads; and the heads
@@ -167,7 +188,8 @@ def rotation_summary(layers: list[dict], alpha: float = 0.05) -> dict | None:
             "above_holm": sum(q < alpha and n["share_z"] > 0 for n, q in zip(heads, adjusted)),
             "below_holm": sum(q < alpha and n["share_z"] < 0 for n, q in zip(heads, adjusted)),
             "share_mean": statistics.fmean(n["share"] for n in heads),
-            "null_mean": statistics.fmean(n["share_null_mean"] for n in heads)}
+            "null_mean": statistics.fmean(n["share_null_mean"] for n in heads)} | (
+        grouped_sign_tests(layers, n_heads, n_kv_heads) if n_heads else {})
 
 
 def heads_against_null(row: dict, alpha: float = 0.05) -> tuple[int, int]:
@@ -306,7 +328,8 @@ def analyse(
     timings["hidden_s"] = time.perf_counter() - step
     step = time.perf_counter()
     results["attention_layers"] = attention_layers(reader, ids[:8], attention_null_draws, seed)
-    if (summary := rotation_summary(results["attention_layers"])) is not None:
+    if (summary := rotation_summary(results["attention_layers"], n_heads=model.get("n_heads"),
+                                    n_kv_heads=model.get("n_kv_heads"))) is not None:
         results["rotation_null"] = summary
     timings["attention_s"] = time.perf_counter() - step
     demo = contextual_demo(reader, loaded.tokenizer) if not reader.family.causal else None
