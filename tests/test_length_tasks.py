@@ -43,8 +43,11 @@ def test_the_bootstrap_interval_holds_the_rate_and_is_paired_across_runs():
               "n_answer": np.array([3.0, 3.0, 3.0, 3.0])}
     point = script.rates(scores)
     assert point == {"exact_match": 0.75, "token_accuracy": 10 / 12}
+    greedy = script.rates({**scores, "greedy_exact_match": np.array([0.0, 0.0, 1.0, 1.0]),
+                           "greedy_first_token": np.array([1.0, 0.0, 1.0, 1.0])})
+    assert greedy["greedy_exact_match"] == 0.5 and greedy["greedy_first_token"] == 0.75
     boot = script.rates(scores, script.resamples(4, 500, seed=0))
-    for metric in script.METRICS:
+    for metric in ("exact_match", "token_accuracy"):  # teacher-forced scores only (older results): no greedy keys
         low, high = script.interval(boot[metric])
         assert 0.0 <= low <= point[metric] <= high <= 1.0
     assert np.array_equal(script.resamples(4, 5, seed=3), script.resamples(4, 5, seed=3))
@@ -85,6 +88,11 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
         assert family["seeds"] == [0] and sorted(family["lengths"]) == ["1", "2", "4"]
         assert all(0.0 <= c[metric] <= 1.0 for c in family["lengths"].values() for metric in script.METRICS)
 
+    # per example: the answer the model wrote by greedy decoding, so any reading can be recomputed
+    cell = payload["runs"][0]["lengths"]["1"]
+    assert len(cell["written"]) == cell["examples"] and len(cell["per_example"]["greedy_exact_match"]) == cell["examples"]
+    assert cell["greedy_exact_match"] == np.mean(cell["per_example"]["greedy_exact_match"])
+
     # the chance line is window_chance at the training length on the very examples scored
     settings = {"task": "copy", "seq_len": 16, "passkey_digits": 5, "key_len": 2}
     for m in (1, 2, 4):
@@ -96,11 +104,13 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
 
     # the table: per metric, a header, its rule, one row per family and two chance rows, a column per length
     md = (out / "length_tasks.md").read_text()
-    for name in ("exact match", "token accuracy"):
+    for name in ("exact match, greedy decoding (the headline)", "first answer token, greedy decoding (a passkey's retrieval)",
+                 "exact match, teacher-forced", "token accuracy, teacher-forced"):
         block = md.split(f"**copy, {name}**\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
         assert block[0] == "| family | 1x | 2x | 4x |" and len(block) == 2 + 2 + 2
         assert {row.split(" | ")[0] for row in block[2:4]} == {"| rope", "| none"}
         assert all(row.count("|") == 5 for row in block)
+        assert block[-2].startswith("| a perfect model that sees only its last L = 16 tokens |")
     # at a glance: a row per family and the two chance rows, a column per task (token accuracy at 1x / 2x / 4x)
     glance = md.split("## At a glance\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert glance[0] == "| family | copy: token accuracy 1x / 2x / 4x (exact at 1x) |" and len(glance) == 2 + 2 + 2

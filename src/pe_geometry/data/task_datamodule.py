@@ -100,12 +100,14 @@ class TaskDataModule(L.LightningDataModule):
         val_examples: Annotated[int, Ge(1), "a positive number of held-out examples"] = 512,
         passkey_digits: Annotated[int, Ge(1), "a positive number of digits, for data.task=passkey"] = 5,
         key_len: Annotated[int, Interval(ge=1, le=4), "letters per key, for data.task=associative_recall"] = 2,
+        passkey_decoys: Annotated[int, Interval(ge=0, le=1024), "unkeyed numbers in each passkey filler, 0 to 1024"] = 0,
     ) -> None:
         """``sizes``: of the training and validation examples (``tasks.largest_size``: the size that fills a block)."""
         super().__init__()
         check_task_settings(task, seq_len, passkey_digits, key_len, sizes)
         self.task, self.seq_len, self.batch_size, self.seed, self.sizes = task, seq_len, batch_size, seed, sizes
         self.val_examples, self.passkey_digits, self.key_len = val_examples, passkey_digits, key_len
+        self.passkey_decoys = passkey_decoys
         self.tokenizer = task_tokenizer()
         self._position = {"batches": 0}  # training batches this rank consumed
         self._resume_from: dict[str, int] | None = None
@@ -131,7 +133,8 @@ class TaskDataModule(L.LightningDataModule):
     def _batches(self, split: str, length: int) -> TaskBatches:
         filler = play_filler(split) if self.task == "passkey" else None
         return TaskBatches(length, split, task=self.task, batch_size=self.batch_size, seq_len=self.seq_len, seed=self.seed,
-                           sizes=self.sizes, passkey_digits=self.passkey_digits, key_len=self.key_len, filler=filler)
+                           sizes=self.sizes, passkey_digits=self.passkey_digits, key_len=self.key_len, filler=filler,
+                           passkey_decoys=self.passkey_decoys)
 
     @functools.cached_property
     def validation_batches(self) -> list[tuple[Tensor, Tensor]]:

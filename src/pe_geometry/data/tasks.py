@@ -197,7 +197,7 @@ def play_filler(split: Literal["train", "validation"]) -> Tensor:
 
 
 def passkey_task(batch_size: int, seq_len: int, generator: torch.Generator, sizes: Sizes = "full", digits: int = 5,
-                 filler: Tensor | None = None) -> TaskBatch:
+                 filler: Tensor | None = None, decoys: int = 0) -> TaskBatch:
     """Passkey retrieval (Mohtashami & Jaggi 2023): filler text with ``# d_1 .. d_k #`` inserted at a uniformly random
     depth, then ``? d_1 .. d_k``; the answer is the number (k = ``digits`` random digits).
 
@@ -206,6 +206,12 @@ def passkey_task(batch_size: int, seq_len: int, generator: torch.Generator, size
     place in it. The answer depends on the needle, at a uniform depth: a model that sees only L = 64 (k = 5) scores,
     per token / exact match, 1.0 / 1.0 at 1x; 0.53 / 0.46 at 2x; 0.30 / 0.22 at 4x; 0.21 / 0.12 at 8x; 0.15 / 0.05 at
     16x (exact match: the share of needles in the last L tokens); uniform guessing: 0.1 / 10^-5.
+
+    ``decoys``: that many unkeyed numbers of ``digits`` random digits overwrite filler letters in each example (in
+    slots of ``digits + 1`` tokens, never touching each other or the needle; fewer where the filler is too short).
+    Without them the filler holds no digit, so once the first answer digit is given the rest can be copied from
+    after the only digit string there is: token accuracy then rewards a model that never retrieved. With decoys only
+    the ``#``-keyed number answers the query.
     """
     check_fits("passkey", seq_len, passkey_digits=digits)
     largest = largest_size("passkey", seq_len, passkey_digits=digits)
@@ -220,6 +226,8 @@ def passkey_task(batch_size: int, seq_len: int, generator: torch.Generator, size
         at = int(torch.randint(0, f + 1, (1,), generator=generator))
         number = DIGIT_IDS[_digits(digits, 1, generator)[0]]
         stretch = text[offset : offset + f]
+        if decoys:
+            stretch = with_decoys(stretch, decoys, digits, generator, clear_of=at)
         needle = torch.cat([torch.tensor([TOKEN_ID[NEEDLE]]), number, torch.tensor([TOKEN_ID[NEEDLE]])])
         example = torch.cat([stretch[:at], needle, stretch[at:], torch.tensor([TOKEN_ID[QUERY]]), number])
         blocks[b, : len(example)] = example
@@ -227,6 +235,24 @@ def passkey_task(batch_size: int, seq_len: int, generator: torch.Generator, size
         sources[b, len(example) - digits : len(example)] = at  # the needle's opening mark
         depth[b] = at / f
     return TaskBatch("passkey", blocks, answers, sources, DIGIT_IDS.clone(), f_of, depth)
+
+
+def with_decoys(stretch: Tensor, decoys: int, digits: int, generator: torch.Generator, clear_of: int | None = None) -> Tensor:
+    """A copy of ``stretch`` with up to ``decoys`` numbers of ``digits`` random digits written over it, each in its own
+    slot of ``digits + 1`` tokens (so two decoys never touch), the slots drawn without replacement; no slot holds or
+    borders index ``clear_of`` (where the needle goes in), so no decoy is split by it or runs into its marks."""
+    slots = torch.arange(len(stretch) // (digits + 1)) * (digits + 1)
+    if clear_of is not None:
+        slots = slots[(slots > clear_of) | (slots + digits < clear_of)]
+    count = min(decoys, len(slots))
+    if count == 0:
+        return stretch
+    out = stretch.clone()
+    starts = slots[torch.randperm(len(slots), generator=generator)[:count]]
+    values = DIGIT_IDS[_digits(digits, count, generator)]
+    for start, value in zip(starts.tolist(), values, strict=True):
+        out[start : start + digits] = value
+    return out
 
 
 def addition_task(batch_size: int, seq_len: int, generator: torch.Generator, sizes: Sizes = "full") -> TaskBatch:
@@ -269,7 +295,7 @@ GENERATORS = {"copy": copy_task, "associative_recall": associative_recall_task, 
 
 
 def make_batch(task: str, batch_size: int, seq_len: int, generator: torch.Generator | int, sizes: Sizes = "full",
-               passkey_digits: int = 5, key_len: int = 2, filler: Tensor | None = None) -> TaskBatch:
+               passkey_digits: int = 5, key_len: int = 2, filler: Tensor | None = None, passkey_decoys: int = 0) -> TaskBatch:
     """One batch of ``task`` (``generator``: a torch.Generator, or a seed for a fresh one)."""
     check_task(task)
     if sizes not in SIZES:
@@ -277,7 +303,7 @@ def make_batch(task: str, batch_size: int, seq_len: int, generator: torch.Genera
     if isinstance(generator, int):
         generator = torch.Generator().manual_seed(generator)
     if task == "passkey":
-        return passkey_task(batch_size, seq_len, generator, sizes, digits=passkey_digits, filler=filler)
+        return passkey_task(batch_size, seq_len, generator, sizes, digits=passkey_digits, filler=filler, decoys=passkey_decoys)
     if task == "associative_recall":
         return associative_recall_task(batch_size, seq_len, generator, sizes, key_len=key_len)
     return GENERATORS[task](batch_size, seq_len, generator, sizes)
