@@ -103,7 +103,7 @@ def examples(settings: dict, multiplier: int, n: int, seed: int):
     filler = play_filler("validation") if task == "passkey" else None
     return make_batch(task, n, multiplier * seq_len, eval_seed(seed, task, multiplier, seq_len), sizes="full",
                       passkey_digits=settings["passkey_digits"], key_len=settings["key_len"], filler=filler,
-                      passkey_decoys=settings.get("passkey_decoys", 0))
+                      passkey_decoys=settings.get("passkey_decoys", 0) * multiplier)  # the training's density
 
 
 @torch.no_grad()
@@ -187,13 +187,17 @@ def score_run(run_dir: Path, multipliers: list[int], n_examples: int, seed: int,
 
 
 def task_arm(pe: str, config, task: str) -> str:
-    """A run's arm in the suite: ``arm_label`` against the suite's depth for its task."""
-    return arm_label(pe, config, layers=TASK_LAYERS.get(task, SUITE_LAYERS))
+    """A run's arm in the suite: ``arm_label`` against the suite's depth for its task; a passkey trained with decoys
+    says so ('rope [decoys 2]'), so it is never pooled with the arm trained without them."""
+    label = arm_label(pe, config, layers=TASK_LAYERS.get(task, SUITE_LAYERS))
+    decoys = int((config.get("data") or {}).get("passkey_decoys", 0) or 0) if task == "passkey" else 0
+    return f"{label} [decoys {decoys}]" if decoys else label
 
 
 def task_examples(batches: dict, settings: dict, multiplier: int, n_examples: int, seed: int):
     """The examples of a task at a length, generated once per (task, L, multiplier, sizes) and kept in ``batches``."""
-    key = (settings["task"], settings["seq_len"], multiplier, settings["passkey_digits"], settings["key_len"])
+    key = (settings["task"], settings["seq_len"], multiplier, settings["passkey_digits"], settings["key_len"],
+           settings.get("passkey_decoys", 0))
     if key not in batches:
         batches[key] = examples(settings, multiplier, n_examples, seed)
     return batches[key]
@@ -351,19 +355,22 @@ def seed_contrast(a: list[float], b: list[float]) -> dict:
     for chosen in splits:
         rest = [pooled[i] for i in range(len(pooled)) if i not in chosen]
         extreme += abs(statistics.fmean(pooled[i] for i in chosen) - statistics.fmean(rest)) >= abs(observed) - 1e-12
-    return {"difference": observed, "p": extreme / len(splits), "seeds": [len(a), len(b)]}
+    # the smallest p this many seeds allow (two splits at the extreme: 2 / C(n_a + n_b, n_a)): 3 v 5 cannot go below 0.036
+    return {"difference": observed, "p": extreme / len(splits), "seeds": [len(a), len(b)], "p_floor": 2 / len(splits)}
 
 
-def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int, tasks: list[str] | None = None) -> list[dict]:
-    """Each (arm, control) pair on every task both were run on (of ``tasks``, None: all): token accuracy at
-    ``multiplier`` x, seed by seed (``seed_contrast``), Holm-corrected over every pair x task tested."""
+def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int, tasks: list[str] | None = None,
+              metric: str = "token_accuracy", seeds: list[int] | None = None) -> list[dict]:
+    """Each (arm, control) pair on every task both were run on (of ``tasks``, None: all): ``metric`` at
+    ``multiplier`` x, seed by seed (``seed_contrast``; of ``seeds`` only, None: every seed), Holm-corrected over every
+    pair x task tested."""
     values: dict = defaultdict(dict)
     for r in runs:
-        if tasks is not None and r["task"] not in tasks:
+        if (tasks is not None and r["task"] not in tasks) or (seeds is not None and r["seed"] not in seeds):
             continue
         cell = r["lengths"].get(str(multiplier), {})
-        if "token_accuracy" in cell:
-            values[(r["task"], r["family"])][r["seed"]] = cell["token_accuracy"]
+        if metric in cell:
+            values[(r["task"], r["family"])][r["seed"]] = cell[metric]
     rows = []
     for arm, control in pairs:
         tasks = sorted({t for t, f in values if f == arm} & {t for t, f in values if f == control})
@@ -372,7 +379,7 @@ def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int, t
                              f"{sorted({f for _, f in values})}")
         for task in tasks:
             a, b = values[(task, arm)], values[(task, control)]
-            rows.append({"task": task, "arm": arm, "control": control, "multiplier": multiplier,
+            rows.append({"task": task, "arm": arm, "control": control, "multiplier": multiplier, "metric": metric,
                          "arm_mean": statistics.fmean(a.values()), "control_mean": statistics.fmean(b.values()),
                          **seed_contrast(list(a.values()), list(b.values()))})
     for row, adjusted in zip(rows, holm([row["p"] for row in rows])):
@@ -380,12 +387,40 @@ def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int, t
     return rows
 
 
+def contrast_preamble(rows: list[dict], plan: Path | None) -> str:
+    if plan is not None:
+        return (f"**Confirmatory**: the pairs, metric, length, seeds and alpha of [{plan.name}]({plan}), committed before "
+                "these runs; these tests alone are the finding. ")
+    return "**Exploratory** (`--contrast`: pairs chosen on the command line, not from a committed plan). " if rows else ""
+
+
+def read_plan(path: Path) -> dict:
+    """A committed analysis plan of contrasts (experiments/plans/passkey_confirmatory.yaml): one error line when a
+    key it needs is missing."""
+    import yaml
+
+    plan = yaml.safe_load(Path(path).read_text())
+    missing = [k for k in ("seeds", "task", "metric", "multiplier", "alpha", "arms", "pairs") if k not in (plan or {})]
+    if missing:
+        raise SystemExit(f"error: --plan {path} lacks {missing}")
+    if plan["metric"] not in METRICS:
+        raise SystemExit(f"error: --plan {path}: metric {plan['metric']!r}; valid: {list(METRICS)}")
+    return plan
+
+
+def plan_pairs(plan: dict) -> list[tuple[str, str]]:
+    """The plan's (arm, control) pairs as the labels the runs carry."""
+    return [(plan["arms"][a]["label"], plan["arms"][c]["label"]) for a, c in plan["pairs"]]
+
+
 def contrast_table(rows: list[dict]) -> str:
-    lines = ["| task | arm | control | token accuracy, arm / control | difference | seeds | p (exact) | p (Holm) |",
+    metric = METRIC_WORDS.get(rows[0].get("metric", "token_accuracy"), "token accuracy") if rows else "token accuracy"
+    lines = [f"| task | arm | control | {metric}, arm / control | difference | seeds (smallest p they allow) | p (exact) | p (Holm) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['task']} | {r['arm']} | {r['control']} | {r['arm_mean']:.2f} / {r['control_mean']:.2f} | "
-                     f"{r['difference']:+.2f} | {r['seeds'][0]} v {r['seeds'][1]} | {r['p']:.3g} | {r['p_holm']:.3g} |")
+                     f"{r['difference']:+.2f} | {r['seeds'][0]} v {r['seeds'][1]} ({r.get('p_floor', float('nan')):.3g}) | "
+                     f"{r['p']:.3g} | {r['p_holm']:.3g} |")
     return "\n".join(lines)
 
 
@@ -543,6 +578,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="test ARM against CONTROL (arm labels as the tables print them) on every task both ran: "
                              "token accuracy at --contrast-at x, exact permutation over seeds, Holm over all")
     parser.add_argument("--contrast-at", type=int, default=4, help="the multiplier the contrasts read (default 4)")
+    parser.add_argument("--plan", type=Path, default=None,
+                        help="a committed analysis plan (experiments/plans/*.yaml): its pairs, metric, length and seeds are "
+                             "the contrasts, reported as the confirmatory finding (instead of --contrast)")
     parser.add_argument("--contrast-tasks", nargs="+", choices=TASKS, default=None,
                         help="the tasks the contrasts read (default: every task; leave out one no arm learned)")
     args = parser.parse_args(argv)
@@ -550,6 +588,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.multipliers, args.examples, args.bootstrap = QUICK["multipliers"], QUICK["examples"], QUICK["bootstrap"]
     if args.examples < 1 or args.bootstrap < 1 or min(args.multipliers) < 1:
         parser.error("--examples, --bootstrap and every multiplier must be >= 1")
+    plan = read_plan(args.plan) if args.plan else None  # a bad plan fails before any run is read
     start = time.perf_counter()
     batches: dict = {}
     runs = score_runs(args.folders, args, batches)
@@ -563,8 +602,18 @@ def main(argv: list[str] | None = None) -> dict:
     due = disagreeing(summary, args.multipliers)
     if args.contrast and args.contrast_at not in args.multipliers:
         parser.error(f"--contrast-at {args.contrast_at} is not one of the multipliers {args.multipliers}")
-    tested = (contrasts(runs, [tuple(pair) for pair in args.contrast], args.contrast_at, args.contrast_tasks)
-              if args.contrast else [])
+    if plan is not None:
+        if args.contrast:
+            parser.error("--plan names its own contrasts: drop --contrast")
+        args.contrast_at = plan["multiplier"]
+        if args.contrast_at not in args.multipliers:
+            parser.error(f"the plan reads {args.contrast_at}x, not one of the multipliers {args.multipliers}")
+        tested = contrasts(runs, plan_pairs(plan), plan["multiplier"], [plan["task"]], plan["metric"], plan["seeds"])
+        for row in tested:
+            row["plan"] = str(args.plan)
+    else:
+        tested = (contrasts(runs, [tuple(pair) for pair in args.contrast], args.contrast_at, args.contrast_tasks)
+                  if args.contrast else [])
     payload = {"protocol": protocol, "multipliers": args.multipliers, "summary": summary, "chance": chance,
                "passkey_by_depth": grid, "seeds_disagree": due, "contrasts": tested, "runs": runs,
                "machine": f"{platform.machine()}, torch {torch.__version__}",
@@ -581,7 +630,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"<folders> --out <here>`); {protocol}. Chance lines (`data.tasks.window_chance` on the same examples): a model "
         "that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet.\n\n"
         f"## At a glance\n\n{glance}\n\n## Per task\n\n{tables}\n\n![accuracy vs length](length_tasks.png)\n\n"
-        + (f"## Contrasts\n\nEach arm against its control (`--contrast`), token accuracy at {args.contrast_at}x, one "
+        + (f"## Contrasts\n\n{contrast_preamble(tested, args.plan)}Each arm against its control, "
+           f"{METRIC_WORDS.get(tested[0]['metric'], 'token accuracy') if tested else ''} at {args.contrast_at}x, one "
            "value per seed: the difference of the seeds' means, its exact two-sided permutation p over the seeds, and "
            f"Holm's correction over the {len(tested)} tests.\n\n{contrast_table(tested)}\n\n" if tested else "")
         + f"## Accuracy beside position\n\n{beside}\n"

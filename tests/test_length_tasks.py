@@ -191,3 +191,51 @@ def test_a_contrast_is_an_exact_permutation_test_over_seeds_with_holm():
     assert [r["task"] for r in script.contrasts(runs + [run("copy", "b", 0, 0.1)], [("a", "b")], 4, ["copy"])] == ["copy"]
     with pytest.raises(SystemExit, match="no task has both arms"):
         script.contrasts(runs, [("a", "c")], 4)
+
+
+def test_the_confirmatory_plan_names_the_arms_as_the_runs_will_be_named(tmp_path):
+    """Each arm of experiments/plans/passkey_confirmatory.yaml, composed as its sweep composes it, carries the plan's
+    label, so the scoring script finds every pair; its seeds were never used by a committed run (0-4)."""
+    script = load_script()
+    plan = script.read_plan(ROOT / "experiments" / "plans" / "passkey_confirmatory.yaml")
+    assert plan["metric"] == "greedy_exact_match" and plan["multiplier"] == 4 and plan["alpha"] == 0.05
+    assert not set(plan["seeds"]) & set(range(5)) and len(plan["seeds"]) == 5
+    for name, arm in plan["arms"].items():
+        pe = next(o.split("=", 1)[1] for o in arm["overrides"] if o.startswith("pe="))
+        cfg = compose_train_config(["experiment=length_tasks", "data.task=passkey",
+                                    f"data.passkey_decoys={plan['passkey_decoys']}", *arm["overrides"]], tmp_path)
+        assert script.task_arm(pe, cfg, "passkey") == arm["label"], name
+    assert all(a in plan["arms"] and c in plan["arms"] for a, c in plan["pairs"])
+
+
+def test_the_plan_was_committed_before_its_results():
+    import subprocess
+
+    def first(path: str) -> int | None:
+        out = subprocess.run(["git", "log", "--format=%ct", "--reverse", "--", path], cwd=ROOT, capture_output=True, text=True)
+        return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.split() else None
+
+    plan = first("experiments/plans/passkey_confirmatory.yaml")
+    if plan is None:
+        pytest.skip("not a git checkout (or the plan is not committed yet)")
+    results = first("experiments/results/passkey_confirmatory")
+    assert results is None or plan < results
+
+
+def test_a_planned_contrast_reads_its_metric_at_its_seeds_only(tmp_path):
+    script = load_script()
+
+    def run(family, seed, value, token=0.5):
+        return {"task": "passkey", "family": family, "seed": seed,
+                "lengths": {"4": {"greedy_exact_match": value, "token_accuracy": token}}}
+
+    runs = ([run("a", s, 0.5 + 0.01 * s) for s in range(20, 25)] + [run("b", s, 0.1) for s in range(20, 25)]
+            + [run("a", 0, 0.0), run("b", 0, 0.9)])  # an old seed: left out
+    rows = script.contrasts(runs, [("a", "b")], 4, ["passkey"], "greedy_exact_match", list(range(20, 25)))
+    assert rows[0]["seeds"] == [5, 5] and rows[0]["arm_mean"] == pytest.approx(0.72) and rows[0]["p"] == pytest.approx(2 / 252)
+    assert rows[0]["metric"] == "greedy_exact_match" and rows[0]["p_floor"] == pytest.approx(2 / 252)
+    assert script.seed_contrast([1, 2, 3], [4, 5, 6, 7, 8])["p_floor"] == pytest.approx(2 / 56)  # 3 v 5: 0.036
+    bad = tmp_path / "plan.yaml"
+    bad.write_text("seeds: [1]\n")
+    with pytest.raises(SystemExit, match=r"lacks \['task', 'metric'"):
+        script.read_plan(bad)
