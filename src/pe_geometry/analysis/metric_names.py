@@ -76,7 +76,7 @@ MEASURES = [
     (r"overlap_pos_tok_k(\d+)", "Overlap of per-position and per-token mean subspaces (top {0})", "overlap (0 = orthogonal, 1 = nested)"),
     (r"(pos_pos|word_word|word_pos|pos_word|word_bias|pos_bias|bias_bias|positional)_share",
      "Block 0 attention: score variance from {term}",
-     "Cov(term, score) / Var(score): sums to 1 over the terms; one term leaves [0, 1] when others cancel it"),
+     "Cov(term, score) / Var(score)"),  # sums to 1 over the terms; one leaves [0, 1] when others cancel it
     (r"mean_distance", "Block 0 attention: mean distance attended", "tokens (mean |i − j| under the weights)"),
     (r"n_positional_heads", "Block 0 positional heads (position–position share > 0.5)", "heads"),  # older runs
     (r"n_positional_heads_all_terms", "Block 0 positional heads (share of every position-dependent term > 0.5)", "heads"),
