@@ -85,7 +85,7 @@ def test_planned_tests_read_a_planted_fall_and_say_what_did_not_run():
     tests = {t["id"]: t for t in planned_tests(plan, _cells(plan, ratio), {}, {}, {})}
     assert tests["T1"]["ran"] and tests["T1"]["mean"] == pytest.approx(-0.5 * math.log(2), abs=1e-9)
     assert tests["T1"]["reading"] == "falls with training (separation grows)"
-    assert tests["T3"]["reading"] == "no change with training length detected"
+    assert tests["T3"]["reading"] == "no change with training length shown (Holm)"
     assert not tests["T8"]["ran"] and tests["T8"]["reading"].startswith("not run")  # no phantom reads given
     assert not tests["T12"]["ran"]
     ran = [t for t in tests.values() if t["ran"]]
@@ -100,7 +100,7 @@ def test_a_rotation_test_needs_every_seed_above_every_random():
     rotations = {(2, "learned", s, "P"): {"D": d, "above_every_random": a} for s, (d, a) in
                  enumerate([(0.2, True), (0.25, True), (0.22, False)])}
     tests = {t["id"]: t for t in planned_tests(plan, {}, {}, rotations, {})}
-    assert tests["T9"]["ran"] and tests["T9"]["reading"] == "no need for the separation detected"
+    assert tests["T9"]["ran"] and tests["T9"]["reading"] == "a need for the separation not shown (Holm)"
 
 
 @pytest.mark.slow  # four tiny pe-train runs in subprocesses, then the scoring: ~1 min on an idle 2-vCPU VM

@@ -227,18 +227,20 @@ def _reading(row: dict, alpha: float) -> str:
     kind = row["spec"]["kind"]
     if kind == "slope":
         if not passed:
-            return "no change with training length detected"
+            return "no change with training length shown (Holm)"
         return "falls with training (separation grows)" if row["mean"] < 0 else "rises with training (separation shrinks)"
     if kind == "welch":
-        return ("differs: " + ("a below b" if row["difference"] < 0 else "a above b")) if passed else "no difference detected"
+        return ("differs: " + ("a below b" if row["difference"] < 0 else "a above b")) if passed else "no difference shown (Holm)"
     if kind == "phantom":
         return ("P avoids an E it never saw: " + ("below" if row["mean"] < 0 else "above") + " the null") if passed \
-            else "not distinguishable from the null"
+            else "not distinguishable from the null (Holm)"
     if kind in ("rotation", "rotation_pretrained"):
         needs = passed and all(row.get("above_every_random", [False]))
         if kind == "rotation_pretrained":
             needs = row["p"] < alpha and row["holm_p"] < alpha and row["D"] > 0
-        return "the model needs its separation (adversarial hurts more)" if needs else "no need for the separation detected"
+        if needs:
+            return "adversarial hurts more than random: sensitive in E's top directions"
+        return "a need for the separation not shown (Holm)"
     return ""
 
 
