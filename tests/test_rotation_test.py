@@ -106,3 +106,22 @@ def test_a_run_without_a_table_is_one_error(tmp_path, tiny_corpus, cache_dir, ca
     train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["pe=rope", "~callbacks.sample", "callbacks=no_geometry"]))
     with pytest.raises(SystemExit, match=r"error: .* adds no table to the input"):
         pe_rotation([str(tmp_path / "run"), "--n-random", "2"])
+
+
+def test_the_sensitivity_control_reads_a_readout_that_suffers_in_E_top_directions():
+    """The toy readout suffers from anything added where words vary most: noise there hurts more than in random
+    subspaces (S > 0), and least in E's bottom directions."""
+    from pe_geometry.analysis.rotation_test import sensitivity_test
+
+    g = torch.Generator().manual_seed(1)
+    d, n_words = 16, 40
+    E = torch.randn(n_words, d, generator=g, dtype=torch.float64) * torch.tensor([3.0] * 4 + [0.3] * 12, dtype=torch.float64)
+    P = torch.randn(12, d, generator=g, dtype=torch.float64)
+    pairs = torch.cartesian_prod(torch.arange(n_words), torch.arange(12))
+
+    def loss_of_added(N):
+        x = E[pairs[:, 0]] + (P if N is None else P + N.double())[pairs[:, 1]]
+        return float(torch.nn.functional.cross_entropy(-torch.cdist(x, E) ** 2, pairs[:, 0]))
+
+    r = sensitivity_test(loss_of_added, E, P, k=4, n_random=10)
+    assert r["S"] > 0 and r["rise_bottom"] < r["rise_random_mean"] < r["rise_top"]

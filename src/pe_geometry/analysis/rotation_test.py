@@ -23,6 +23,7 @@ run trained here (validation loss), ``pretrained_rotation_test`` a transformers 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -224,3 +225,72 @@ def pretrained_rotation_test(source: str = "minilm", rotate: str = "P", k: int =
 def write(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
+
+
+# ----------------------------------------------------------------------------- the sensitivity control
+
+
+@contextmanager
+def added_to_position(model: torch.nn.Module, N: Tensor) -> Iterator[None]:
+    """Within the block, ``N`` (T, d) is added to the model's input position term (rows 0..T-1), P itself untouched."""
+    pe = model.input_stack.pe
+    original = pe.input_term
+
+    def shifted(*args, **kwargs):
+        term = original(*args, **kwargs)
+        return term + N[: term.shape[-2]].to(term.dtype)
+
+    pe.input_term = shifted
+    try:
+        yield
+    finally:
+        del pe.input_term
+
+
+def sensitivity_test(loss_of_added: Callable[[Tensor | None], float], E: Tensor, P: Tensor, k: int = 8,
+                     n_random: int = 20, seed: int = 0) -> dict:
+    """The rotation test's control (a referee's): is the adversarial rotation's extra harm explained by the model being
+    more sensitive in E's top directions to *any* perturbation? Noise with the energy of P's top-k part (P's top-k
+    singular values, Gaussian coefficients) is added on top of P inside E's top-k subspace, inside ``n_random`` Haar
+    k-subspaces, and inside E's bottom-k. ``S`` = the rise in E's top-k minus the random subspaces' mean rise: a
+    rotation's D no larger than S is what sensitivity alone gives."""
+    generator = torch.Generator().manual_seed(seed)
+    T, d = P.shape
+    s = torch.linalg.svdvals((P - P.mean(0)).double())[:k]
+    coefficients = torch.randn(T, k, generator=generator, dtype=torch.float64) * (s / math.sqrt(T))
+
+    def noise(basis: Tensor) -> Tensor:
+        return (coefficients @ basis.T).float()
+
+    order = top_principal_directions(E.double(), k=min(E.shape[0] - 1, d))
+    base = float(loss_of_added(None))
+    top = float(loss_of_added(noise(order[:, :k])))
+    bottom = float(loss_of_added(noise(order[:, -k:])))
+    random = [float(loss_of_added(noise(haar_rotation(d, generator)[:, :k]))) for _ in range(n_random)]
+    rises = np.array(random) - base
+    return {"k": k, "n_random": n_random, "seed": seed, "loss": base, "rise_top": top - base, "rise_bottom": bottom - base,
+            "rise_random_mean": float(rises.mean()), "rise_random_std": float(rises.std(ddof=1)) if n_random > 1 else 0.0,
+            "S": float(top - base - rises.mean())}
+
+
+def run_sensitivity_test(run_dir: str | Path, k: int = 8, n_random: int = 20, val_batches: int = 16, seed: int = 0) -> dict:
+    """``sensitivity_test`` on a run trained here (validation loss of ``val_batches`` fixed batches)."""
+    from pe_geometry.analysis.verdict import final_input_rows
+    from pe_geometry.training.run_loader import load_trained_run
+
+    E, P, step = final_input_rows(Path(run_dir))
+    if P is None:
+        raise ValueError(f"{run_dir}: its encoding adds no table to the input")
+    run = load_trained_run(run_dir)
+    model, cfg = run.model.eval(), run.config
+    batches = validation_blocks(run.datamodule, int(cfg.data.seq_len), int(cfg.data.batch_size), val_batches)
+
+    @torch.no_grad()
+    def loss_of_added(N: Tensor | None) -> float:
+        torch.manual_seed(seed)
+        if N is None:
+            return float(np.mean([model.loss(b).item() for b in batches]))
+        with added_to_position(model, N):
+            return float(np.mean([model.loss(b).item() for b in batches]))
+
+    return {"run_dir": str(run_dir), "step": step} | sensitivity_test(loss_of_added, E, P, k, n_random, seed)
