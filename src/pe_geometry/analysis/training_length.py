@@ -188,7 +188,8 @@ def planned_tests(plan: dict, cells: dict, cross: dict, rotations: dict, pretrai
         elif kind == "rotation_pretrained":
             got = pretrained.get((spec["model"], spec["rotate"]))
             if got is not None:
-                row |= {"p": got["p"], "D": got["D"], "same_sign": got["D"] > 0, "above_every_random": [got["above_every_random"]]}
+                row |= {"p": got["p"], "D": got["D"], "same_sign": got["D"] > 0, "above_every_random": [got["above_every_random"]],
+                        "n_random": got["n_random"]}
         row["ran"] = "p" in row and math.isfinite(row["p"])
         if "p" in row and not row["ran"]:
             row["why_not"] = "too few seeds for its test"
@@ -367,12 +368,18 @@ def _ms(values: list[float]) -> str:
     return f"{v.mean():.3f} ± {v.std(ddof=1):.3f}" if len(v) > 1 else f"{v.mean():.3f}"
 
 
+def grouped(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    """``rows`` by the values of ``keys`` (depth, arm, ...), in their order."""
+    groups: dict = defaultdict(list)
+    for row in rows:
+        groups[tuple(row[k] for k in keys)].append(row)
+    return groups
+
+
 def cell_table(results: dict) -> tuple[list[str], list[dict]]:
     """Every (depth, arm, length) x figure against its null: r mean ± sd over seeds, the seeds' two-sided p, Fisher's
     p over the seeds, Holm over every row x figure (an exploratory family: the planned tests are the finding)."""
-    groups: dict = defaultdict(list)
-    for c in results["cells"]:
-        groups[(c["depth"], c["arm"], c["length"])].append(c)
+    groups = grouped(results["cells"], "depth", "arm", "length")
     rows = []
     for (depth, arm, length), cells in sorted(groups.items()):
         row = {"depth": depth, "arm": arm, "length": length, "seeds": len(cells),
@@ -418,7 +425,7 @@ def tests_table(results: dict) -> list[str]:
             mean = f"a - b = {_fmt(t['difference'])}"
             tdf = f"{_fmt(t['t'])} (Welch)"
         elif t["spec"]["kind"] == "rotation_pretrained":
-            per_seed, mean, tdf = f"D {_fmt(t['D'])}", "one model", "rank of 20 random"
+            per_seed, mean, tdf = f"D {_fmt(t['D'])}", "one model", f"rank of {t['n_random']} random"
         else:
             per_seed = ", ".join(_fmt(v) for v in values)
             mean = f"{_fmt(t['mean'])} ± {_fmt(t['sd'])}"
@@ -429,9 +436,7 @@ def tests_table(results: dict) -> list[str]:
 
 
 def cross_table(results: dict) -> list[str]:
-    groups: dict = defaultdict(list)
-    for c in results["cross_reads"]:
-        groups[(c["depth"], c["arm"])].append(c)
+    groups = grouped(results["cross_reads"], "depth", "arm")
     lines = ["| depth | arm | own E (r) | phantom: the NoPE run's E (r) | swap: the learned arm's seed-0 E (r) | "
              "own E, P turned at random (r) |", "|---|---|---|---|---|---|"]
     own = defaultdict(list)
@@ -439,6 +444,7 @@ def cross_table(results: dict) -> list[str]:
     for c in results["cells"]:
         if c["length"] == longest and c["figures"] is not None:
             own[(c["depth"], c["arm"])].append(c["figures"]["overlap_k8_ratio"])
+
     def read(cs: list[dict], kind: str) -> str:
         got = [c[kind]["overlap_k8_ratio"] for c in cs if kind in c]
         return f"{_ms(got)} ({len(got)})" if got else "n/a"
@@ -450,10 +456,9 @@ def cross_table(results: dict) -> list[str]:
 
 
 def rotation_table(results: dict) -> list[str]:
-    groups: dict = defaultdict(list)
-    for r in results["rotation"]:
-        groups[(r["depth"], r["arm"], r["rotate"])].append(r)
-    lines = ["| depth | arm | rotated | loss | rise, adversarial | rise, random (mean ± sd of 20) | rise, away (onto the "
+    groups = grouped(results["rotation"], "depth", "arm", "rotate")
+    n_random = results["plan"]["rotation"]["n_random"]
+    lines = [f"| depth | arm | rotated | loss | rise, adversarial | rise, random (mean ± sd of {n_random}) | rise, away (onto the "
              "other's bottom-8) | D per seed | adversarial above every random | p per seed (rank) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for (depth, arm, rotate), rs in sorted(groups.items()):
@@ -479,10 +484,7 @@ def stable_window_table(results: dict) -> list[str]:
     """Each trunk's r averaged over the constant-rate stretch before each length's decay: the length's effect without
     the decay's (a referee's point: when P trains, most of the fall at each length's end is made by its decay)."""
     names = [results["plan"]["figure"], *results["plan"]["secondary_figures"][:1]]
-    groups: dict = defaultdict(list)
-    for c in results["curves"]:
-        if c["part"] == "trunk":
-            groups[(c["depth"], c["arm"])].append(c)
+    groups = grouped([c for c in results["curves"] if c["part"] == "trunk"], "depth", "arm")
     lines = ["| depth | arm | " + " | ".join(f"{FIGURE_WORDS[n]}: r over steps {a}-{b}, per seed" for n in names
                                          for a, b in STABLE_WINDOWS) + " |", "|" + "---|" * (2 + len(names) * 3)]
     for (depth, arm), curves in sorted(groups.items()):
