@@ -14,7 +14,10 @@ is a next-token prediction of the full example), scored on the answer tokens onl
 exact match (every answer token of an example right) and token accuracy, both teacher-forced; and the headline,
 the answer the model writes itself by greedy decoding through its KV cache (``analysis.task_scoring``): its exact
 match and its first token (a passkey's retrieval; without decoys the rest can be copied), kept per example with the
-tokens written. A passkey run trained with ``data.passkey_decoys`` is read on fillers with as many decoys. A learned
+tokens written. Greedy exact match equals the teacher-forced one per example (the whole answer is written right
+exactly when every answer token is the argmax given the true prefix; tests/test_task_scoring.py), so results scored
+before greedy decoding existed keep a valid exact match; their token accuracy is the teacher-forced reading the
+headline replaces. A passkey run trained with ``data.passkey_decoys`` is read on fillers with as many decoys. A learned
 table shorter than m L cannot place the block: n/a.
 
 Uncertainty: per run, a bootstrap over examples (``--bootstrap`` resamples, 95 % percentile interval); per family,

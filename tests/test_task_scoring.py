@@ -87,3 +87,33 @@ def test_decoys_leave_one_keyed_needle_among_unkeyed_numbers():
         assert len(runs) == 7 and all(len(r) == 5 for r in runs)  # the needle + 6 decoys, none touching another
         assert sum(t in digits for t in p.tolist()[: p.tolist().index(TOKEN_ID["?"])]) == 5  # no decoys: the needle only
     assert batch.blocks.shape == plain.blocks.shape and torch.equal(batch.answer_mask, plain.answer_mask)
+
+
+def test_greedy_exact_match_is_teacher_forced_exact_match_on_a_partly_trained_model():
+    """Greedy decoding writes the whole answer right exactly when every answer token is the argmax given the true
+    prefix (by induction over the answer), so the two exact matches agree per example; token accuracy does not. The
+    committed no-decoy table's exact match therefore is the greedy one. A model trained a little, so some examples
+    are right and some wrong (a random model gets none right and would pass a broken check)."""
+    from pe_geometry.data.tasks import answer_accuracy
+
+    torch.manual_seed(0)
+    model = DecoderLM(vocab_size=len(TASK_VOCAB), d_model=32, n_heads=2, n_layers=2, pe=LearnedPE)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(120):
+        batch = make_batch("copy", 32, 12, step, sizes="up_to")
+        logits = model(batch.blocks[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch.blocks[:, 1:], reduction="none")
+        loss = (loss * batch.answer_mask[:, 1:]).sum() / batch.answer_mask[:, 1:].sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    batch = make_batch("copy", 64, 12, 10_000, sizes="up_to")
+    with torch.no_grad():
+        forced = answer_accuracy(model(batch.blocks[:, :-1]), batch.blocks, batch.answer_mask)
+    greedy = greedy_answers(model, batch.blocks, batch.answer_mask)
+    assert 0 < greedy["exact_match"].mean() < 1  # some right, some wrong: the agreement below is not 0 = 0
+    assert greedy["exact_match"].tolist() == forced.exact_match.double().tolist()
+    right = forced.exact_match.numpy()
+    assert (greedy["correct"][right] == forced.correct.double().numpy()[right]).all()
+    assert (greedy["correct"] != forced.correct.double().numpy()).any()  # token counts differ: a wrong token derails
