@@ -48,6 +48,7 @@ def test_the_pattern_is_cycled_over_the_layers():
     ([{}, {"pe": "nope"}], r"model.layer_pattern\[1\].pe='nope' must be 'none'"),
     ([{"window": 0}], r"model.layer_pattern\[0\].window=0 must be an integer >= 1"),
     ([3], r"model.layer_pattern\[0\]=3 must be a mapping"),
+    ([{}] * 5, r"model.layer_pattern has 5 entries and model.n_layers=4: entries 4..4 would build no layer"),
 ])
 def test_a_bad_entry_is_one_line_naming_it(pattern, message):
     with pytest.raises(ValueError, match=message):
@@ -132,6 +133,7 @@ def test_an_input_level_encoding_takes_no_per_layer_encoding():
      r"model.layer_pattern\[0\].pe.bse is not a setting of pe=rope; valid: \['base', "),
     ("model.layer_pattern=[{pe: {base: -3}}]", r"model.layer_pattern\[0\].pe.base=-3 must be a number > 1"),
     ("model.layer_pattern=[{windw: 3}]", r"model.layer_pattern\[0\] has unknown key\(s\) \['windw'\]"),
+    ("model.layer_pattern=[{},{},{},{},{pe: none}]", r"model.layer_pattern has 5 entries and model.n_layers=4: entries 4..4"),
     ("model.layer_pattern=[{pe: {scaling: yarn, training_length: null}}]",
      r"model.layer_pattern\[0\].pe: pe.scaling=yarn needs pe.training_length >= 1"),
 ])

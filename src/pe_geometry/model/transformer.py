@@ -95,6 +95,10 @@ def layer_schemes(pattern: Sequence[Mapping[str, Any]] | None, n_layers: int) ->
     if not isinstance(pattern, list) or not pattern:
         raise ValueError(f"model.layer_pattern={pattern!r} must be a non-empty list of layer entries "
                          f"(keys {list(LAYER_KEYS)}), cycled over the layers; null: every layer alike")
+    if len(pattern) > n_layers:  # its tail would never be built, yet the run's label names it
+        raise ValueError(f"model.layer_pattern has {len(pattern)} entries and model.n_layers={n_layers}: entries "
+                         f"{n_layers}..{len(pattern) - 1} would build no layer; give at most {n_layers} entries "
+                         "(a shorter pattern is cycled) or raise model.n_layers")
     schemes = []
     for j, entry in enumerate(pattern):
         where = f"model.layer_pattern[{j}]"
