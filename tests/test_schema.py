@@ -114,6 +114,8 @@ BAD_VALUES = [
     (['callbacks.geometry._target_=nope.Nope'], "callbacks.geometry._target_=nope.Nope cannot be imported (ImportError: no module named 'nope')"),
     (['logger.wandb.offline=maybe'], 'logger.wandb.offline=maybe must be true or false'),
     (['+logger.csv.foo=1'], 'logger.csv.foo is not a setting of logger=default (csv); valid: '),
+    (['pe=rope', 'pe.randomize_positions=1000000000000'],  # once a 128 TB allocation at the first step
+     'pe.randomize_positions=1000000000000 must be an integer in [0, 1048576] (positions drawn from in training; 0: off), or null for off'),
     (['seed=-1'], 'seed=-1 must be an integer in [0, 4294967295]'),
     (['seed=2**40'], 'seed=2**40 must be an integer in [0, 4294967295]'),
     (['seed=abc'], 'seed=abc must be an integer in [0, 4294967295]'),

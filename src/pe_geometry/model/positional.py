@@ -60,7 +60,10 @@ MAX_LEARNED_POSITIONS = 1 << 20
 # The annotations below are the config's schema (pe_geometry.signatures): type, range and doc of each key.
 Positions = Annotated[int, Interval(ge=1, le=MAX_LEARNED_POSITIONS)]
 Base = Annotated[float, Gt(1)]
-RandomizedPositions = Annotated[int | None, Ge(0), "positions drawn from in training; 0: off", "null for off"]
+# Each block draws its ids from a random permutation of [0, N) (B x N floats sorted): a bound keeps that in memory.
+MAX_RANDOMIZED_POSITIONS = 1 << 20
+RandomizedPositions = Annotated[int | None, Interval(ge=0, le=MAX_RANDOMIZED_POSITIONS),
+                                "positions drawn from in training; 0: off", "null for off"]
 # The pe= options whose class reads position ids, so takes ``randomize_positions`` (tests hold it to the classes).
 RANDOMIZABLE_FAMILIES = ("sinusoidal", "learned", "rope", "xpos", "alibi", "t5_bias", "fire", "kerple")
 
