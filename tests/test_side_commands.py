@@ -50,6 +50,24 @@ def test_pe_verdict_refuses_a_corrupt_summary_or_a_file_that_is_not_one(tmp_path
     assert "not a summary.json pe-report wrote" in line or "has no verdict" in line
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--max-batches", "0", "--max-batches: 0 must be >= 1"),  # once: every run's length_extrapolation.json made n/a
+    ("--multipliers", "0", "--multipliers: 0 must be >= 1"),
+    ("--null-draws", "-1", "--null-draws: -1 must be >= 2"),  # once: a verdict.json with -1 draws, then a crash
+    ("--null-draws", "1", "--null-draws: 1 must be >= 2"),
+])
+def test_pe_report_refuses_numbers_that_would_overwrite_results_with_nothing(option, value, message, tmp_path,
+                                                                              monkeypatch, capsys):
+    from pe_geometry.cli.report import cli
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "length_extrapolation.json").write_text('{"kept": true}')
+    code, err = run_script(cli, [str(tmp_path), option, value], monkeypatch, capsys)
+    assert code == 2 and message in one_error_line(err)
+    assert [p.name for p in tmp_path.rglob("*")] == ["run", "length_extrapolation.json"]  # nothing written
+    assert (tmp_path / "run" / "length_extrapolation.json").read_text() == '{"kept": true}'
+
+
 def test_pe_report_on_a_missing_or_empty_folder_exits_2(tmp_path, monkeypatch, capsys):
     from pe_geometry.cli.report import cli
 

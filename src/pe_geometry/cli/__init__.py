@@ -2,8 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``, else argparse's one-line error naming the value (exit code 2)
+    before anything is read or written (0 multipliers or batches would score nothing and write n/a over a result)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"  # argparse names the type in its message
+    return parse
+
+
+positive_int = int_at_least(1)
 
 
 def console_script(main: Callable[[], object]) -> Callable[[], None]:

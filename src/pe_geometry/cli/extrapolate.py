@@ -13,22 +13,11 @@ import logging
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
-from pe_geometry.cli import console_script
+from pe_geometry.cli import console_script, positive_int
 from pe_geometry.extras import exit_on_missing_extra
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
     from pe_geometry.analysis.extrapolation import NA, evaluate_lengths
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (0 multipliers or batches would score nothing and write n/a)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
-from pe_geometry.cli import console_script
+from pe_geometry.cli import console_script, int_at_least, positive_int
 from pe_geometry.extras import exit_on_missing_extra
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
@@ -32,11 +32,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-pretrained", action="store_true", help="skip the pretrained-checkpoint comparison")
     parser.add_argument("--no-extrapolation", action="store_true",
                         help="do not evaluate longer blocks (existing length_extrapolation.json files are still used)")
-    parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4], help="evaluation lengths as multiples of seq_len")
-    parser.add_argument("--max-batches", type=int, default=8, help="validation tokens for extrapolation = max_batches x batch x seq_len")
+    parser.add_argument("--multipliers", type=positive_int, nargs="+", default=[1, 2, 4], help="evaluation lengths as multiples of seq_len")
+    parser.add_argument("--max-batches", type=positive_int, default=8, help="validation tokens for extrapolation = max_batches x batch x seq_len")
     parser.add_argument("--no-verdict", action="store_true",
                         help="do not re-measure final weights against the null (existing verdict.json files are still used)")
-    parser.add_argument("--null-draws", type=int, default=None, help="Haar rotations per verdict null (default: 2000)")
+    parser.add_argument("--null-draws", type=int_at_least(2), default=None,
+                        help="Haar rotations per verdict null, >= 2 so the null has a spread (default: 2000)")
     parser.add_argument("--at", choices=["last", "best"], default="last",
                         help="weights the verdict measures: last (default) or best = checkpoints/best.ckpt, the lowest val/loss")
     args = parser.parse_args(argv)

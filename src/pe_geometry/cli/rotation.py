@@ -17,25 +17,18 @@ import argparse
 import json
 from pathlib import Path
 
-from pe_geometry.cli import console_script
+from pe_geometry.cli import console_script, positive_int
 from pe_geometry.extras import exit_on_missing_extra
 from pe_geometry.files import atomic_write_text
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", help="a run folder or checkpoint trained here, or a checkpoint pe-pretrained reads (minilm, a folder)")
     parser.add_argument("--rotate", choices=["P", "E"], default="P", help="the table turned against the other (default P)")
-    parser.add_argument("--k", type=_positive, default=8, help="principal directions moved (default 8)")
-    parser.add_argument("--n-random", type=_positive, default=20, help="random rotations (default 20; p's floor is 1/(n+1))")
-    parser.add_argument("--val-batches", type=_positive, default=16, help="validation batches of a run trained here (default 16)")
+    parser.add_argument("--k", type=positive_int, default=8, help="principal directions moved (default 8)")
+    parser.add_argument("--n-random", type=positive_int, default=20, help="random rotations (default 20; p's floor is 1/(n+1))")
+    parser.add_argument("--val-batches", type=positive_int, default=16, help="validation batches of a run trained here (default 16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the whole result here")
     args = parser.parse_args(argv)
