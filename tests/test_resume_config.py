@@ -278,3 +278,42 @@ def test_a_branch_may_move_only_the_decay_and_needs_a_fresh_folder(tmp_path, tin
     with pytest.raises(ConfigError, match=r"already holds a run .* a branch starts a new run"):
         train(cfg)
     assert stage_resume([f"ckpt_path={step2}", "branch=true"]) == [f"ckpt_path={step2}", "branch=true"]
+
+
+def test_a_run_choice_restated_on_a_resume_sets_none_of_its_keys():
+    """Before: `callbacks=early_stop callbacks.early_stopping.patience=6` on a run that watched val/answer_accuracy
+    switched both monitors to the option's val/loss (and best.ckpt was replaced by one chosen on val/loss)."""
+    from pe_geometry.training.resume import restates_run_choice
+
+    choices = {"callbacks": "early_stop", "pe": "rope", "control": None}
+    assert restates_run_choice("callbacks=early_stop", choices) and restates_run_choice("pe=rope", choices)
+    assert not restates_run_choice("pe=alibi", choices)  # another option: its keys are set (and refused if fixed)
+    assert not restates_run_choice("callbacks=early_stop", None)  # an older checkpoint: the keys decide, as before
+    assert not restates_run_choice("callbacks.early_stopping.patience=6", choices)
+
+
+@pytest.mark.slow  # runs train.py in subprocesses
+def test_a_resume_keeps_the_runs_early_stop_monitor_in_both_documented_forms(tmp_path, cache_dir):
+    """docs/RUNS.md: `callbacks.early_stopping.patience=6` on a resume (was Hydra's 6-line "not in struct", exit 1: the
+    default callbacks have no early_stopping); with `callbacks=early_stop` restated, the monitors stay the run's."""
+    run = tmp_path / "run"
+    watch = ["callbacks.early_stopping.monitor=val/answer_accuracy", "callbacks.early_stopping.mode=max",
+             "callbacks.best_checkpoint.monitor=val/answer_accuracy", "callbacks.best_checkpoint.mode=max"]
+    args = ["data=task", "data.task=copy", "pe=rope", "data.seq_len=16", "data.batch_size=4", "data.val_examples=8", "logger=csv",
+            "callbacks=early_stop", "~callbacks.geometry", "~callbacks.sample", "model.d_model=16", "model.n_layers=1",
+            "model.n_heads=2", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+            "callbacks.checkpoint.every_n_train_steps=2", *watch]
+    assert _train_py([*args, f"hydra.run.dir={run}"], tmp_path, cache_dir).returncode == 0
+    for steps, form in ((6, ["callbacks.early_stopping.patience=6"]),
+                        (8, ["callbacks=early_stop", "callbacks.early_stopping.patience=7"])):
+        patience = form[-1].rpartition("=")[2]
+        resumed = _train_py([f"ckpt_path={run}/checkpoints/last.ckpt", f"trainer.max_steps={steps}", *form], tmp_path,
+                            cache_dir)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        config = OmegaConf.create(state["run_config"])
+        assert config.callbacks.early_stopping.monitor == config.callbacks.best_checkpoint.monitor == "val/answer_accuracy"
+        assert config.callbacks.early_stopping.mode == "max" and str(config.callbacks.early_stopping.patience) == patience
+    # a key of the run's own pe option (rope's) is the resume's one line, not Hydra's "Could not override"
+    refused = _train_py([f"ckpt_path={run}/checkpoints/last.ckpt", "pe.base=500"], tmp_path, cache_dir)
+    assert refused.returncode == 2 and "pe.base: checkpoint 10000.0, command line 500" in refused.stderr, refused.stderr

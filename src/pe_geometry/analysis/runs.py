@@ -196,9 +196,17 @@ def how_it_ended(run: Run) -> str:
     ckpt = run.path / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():
         return "finished" if max_steps is None or last_step(run) >= max_steps else "unfinished"
-    import torch  # only for a run with a checkpoint; mmap: the weights are not read
+    return checkpoint_ending(ckpt, max_steps)
+
+
+def checkpoint_ending(ckpt: Path, max_steps: int | None = None) -> str:
+    """``how_it_ended`` from a checkpoint alone (a scoring script's run folder): ``max_steps`` defaults to the
+    ``trainer.max_steps`` of the config the checkpoint carries."""
+    import torch  # mmap: the weights are not read
 
     state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    if max_steps is None:
+        max_steps = ((state.get("run_config") or {}).get("trainer") or {}).get("max_steps")
     if max_steps is None or int(state.get("global_step", 0)) >= max_steps:
         return "finished"
     stops = [v for k, v in (state.get("callbacks") or {}).items() if k.startswith(("EarlyStop", "EarlyStopping"))]

@@ -237,13 +237,14 @@ def run() -> None:
     sweep = "-m" in argv or "--multirun" in argv
     try:
         from pe_geometry.extras import missing_extra_for
-        from pe_geometry.training.run_folder import overwrites_a_run, stage_resume
+        from pe_geometry.training.run_folder import overwrites_a_run, stage_resume, with_run_choices
 
         if problem := unusable_run_dir(argv) or missing_extra_for(argv) or overwrites_a_run(argv):
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(2)
 
-        sys.argv[1:] = stage_resume(argv)  # a resume writes nothing until its checks pass, then logs into its run
+        # a resume composes with the run's own options, writes nothing until its checks pass, then logs into its run
+        sys.argv[1:] = stage_resume(with_run_choices(argv))
         import hydra
 
         # Registers the resolvers the configs use (run_folder_name, arm); kept in a module of their own so that any

@@ -255,6 +255,15 @@ def overridden_keys(overrides: Iterable[str]) -> set[str]:
     return keys
 
 
+def restates_run_choice(override: str, saved_choices: dict[str, Any] | None) -> bool:
+    """``group=option`` where the run was trained with that same option (``callbacks=early_stop`` on an early-stopped
+    run, or a choice ``run_folder.with_run_choices`` added): it sets none of the option's keys, so a resume keeps what
+    the run was trained with (its monitor on val/answer_accuracy, say) unless a key is given explicitly."""
+    key, sep, value = override.partition("=")
+    return (bool(sep) and bool(saved_choices) and not override.startswith(("~", "+")) and key in saved_choices
+            and (CONFIG_GROUPS_DIR / key).is_dir() and str(saved_choices[key]) == value.strip("'\""))
+
+
 def _arm(choice: Any) -> str | None:
     """A control choice as the arm it trains: none, ``baseline`` and ``<pe>_baseline`` all change nothing."""
     choice = None if choice in (None, "null", "None", "") else str(choice)
@@ -393,7 +402,7 @@ def apply_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Itera
     """
     run_dir = Path(run_dir if run_dir is not None else cfg.paths.output_dir)
     overrides = list(overrides)
-    overridden = overridden_keys(overrides)
+    overridden = overridden_keys([o for o in overrides if not restates_run_choice(o, saved_choices)])
     current = OmegaConf.to_container(cfg, resolve=True)
     bad = {**choice_contradictions(saved_choices, overrides), **contradictions(current, saved, overridden, branch)}
     if bad:

@@ -80,6 +80,38 @@ def overwrites_a_run(argv: list[str]) -> str | None:
     return None
 
 
+def with_run_choices(argv: list[str]) -> list[str]:
+    """A single run's resume (``ckpt_path=...``) composes with the run's own group choices (``pe=rope``,
+    ``callbacks=early_stop``, ``data=task``), read from its checkpoint, for every group the command line leaves alone:
+    then ``callbacks.early_stopping.patience=6`` or ``pe.rotary_fraction=0.5`` names a key the run has, and is applied
+    or refused by the resume's own checks, instead of Hydra's "not in struct" against the default options. The added
+    choices restate the run's, so they set nothing (``resume.restates_run_choice``). A checkpoint that cannot be read
+    here is left to the resume's own error."""
+    ckpt = _value(argv, "ckpt_path")
+    if ckpt in (None, "", "null", "None", "auto") or "-m" in argv or "--multirun" in argv or answers_only(argv):
+        return argv
+    if ckpt == "last":
+        run_dir = _value(argv, "hydra.run.dir")
+        if run_dir is None or "${" in run_dir:
+            return argv
+        path = Path(run_dir).expanduser() / "checkpoints" / "last.ckpt"
+    else:
+        path = Path(ckpt).expanduser()
+        path = path / "checkpoints" / "last.ckpt" if path.is_dir() else path
+    if not path.is_file():
+        return argv
+    try:
+        import torch
+
+        choices = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("group_choices") or {}
+    except Exception:  # noqa: BLE001 - the resume reads it again and says what is wrong in one line
+        return argv
+    given = {arg.partition("=")[0].lstrip("~+") for arg in argv}
+    added = [f"{group}={option}" for group, option in choices.items()
+             if option not in (None, "null", "") and not str(group).startswith("hydra") and group not in given]
+    return [*added, *argv]  # before the command line's own overrides
+
+
 def stage_resume(argv: list[str]) -> list[str]:
     """``argv`` with ``hydra.run.dir`` pointed at a fresh staging folder when it resumes a single run; else as given."""
     global _staging
