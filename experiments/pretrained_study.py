@@ -82,10 +82,19 @@ def against_null(r: dict) -> str:
             f"{n['share_mean']:.2f} vs {n['null_mean']:.2f}")
 
 
-def probe_by_depth(r: dict) -> list[float]:
-    """The probe's R^2 at the block input nearest each relative depth (0 = the embedding output, 1 = the output)."""
+def probe_by_depth(r: dict, figure: str = "position_r2") -> list[float]:
+    """The probe's R^2 at the block input nearest each relative depth (0 = the embedding output, 1 = the output);
+    ``figure`` "log_position_r2": the probe of log(1 + position), which a compressive code (fine near the start,
+    coarse far out) fits better than position itself."""
     layers = r["hidden_states"]
-    return [layers[round(depth * (len(layers) - 1))]["position_r2"] for depth in DEPTHS]
+    return [layers[round(depth * (len(layers) - 1))][figure] for depth in DEPTHS]
+
+
+def window_tokens(r: dict) -> str:
+    """The tokens a real model's probe was read on per window (a compressive code caps linear R^2 lower at longer
+    windows, so every R^2 is read with its window)."""
+    w = r.get("windows") or {}
+    return str(w["seq_len"])
 
 
 def distance_ratio(r: dict, layer: int) -> float:
@@ -125,7 +134,8 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 def table(results: dict[str, dict], trained: dict | None, band_result: dict | None,
           presets: dict | None = None) -> list[str]:
-    head = ["model", "encoding", "layers x d", "overlap_k8 / null (input)", "probe R² at depth 0 / ¼ / ½ / ¾ / 1",
+    head = ["model", "encoding", "layers x d", "overlap_k8 / null (input)", "window (tokens)",
+            "probe R², position, at depth 0 / ¼ / ½ / ¾ / 1", "probe R², log position, at depth 0 / ¼ / ½ / ¾ / 1",
             "block 0 positional share", "every head vs its rotation null: below its median; mean share vs null",
             "distance / uniform, block 0; 1"]
     lines = ["# Real checkpoints beside the trained-here runs, on the same axes", "",
@@ -146,31 +156,35 @@ def table(results: dict[str, dict], trained: dict | None, band_result: dict | No
             overlap = f"{g['overlap_k8']:.3f} / {g['overlap_k8_null_mean']:.3f}"
         share = block0_share(r)
         probe = " / ".join(f"{v:.2f}" for v in probe_by_depth(r))
+        log_probe = " / ".join(f"{v:.2f}" for v in probe_by_depth(r, "log_position_r2"))
         quantised = f", {r['quantisation']['matrix']}" if r["quantisation"] else ""
         lines.append(f"| {name} ({m['model_type']}{quantised}) | {m['encoding']} | {m['n_layers']} x {m['d_model']} | "
-                     f"{overlap} | {probe} | {_fmt(share)} | {against_null(r)} | "
+                     f"{overlap} | {window_tokens(r)} | {probe} | {log_probe} | {_fmt(share)} | {against_null(r)} | "
                      f"{distance_ratio(r, 0):.2f}; {distance_ratio(r, 1):.2f} |")
     geometry = json.loads(TRAINED_GEOMETRY.read_text())["groups"] if TRAINED_GEOMETRY.exists() else {}
     for family in FAMILIES_HERE if trained else ():
         a = trained["summary"][family]["attention"]
         null = f"null mean {a['null_mean']['mean']:.3f}" if "null_mean" in a else "–"
         d0, d1 = (x["mean"] for x in a["distance_ratio"])
-        overlap = probe = ""
+        overlap = ""
+        probes = {"position_r2": "", "log_position_r2": ""}
         measures = geometry.get(family, {}).get("measures", {})
         if "geometry/overlap_k8" in measures:
             m = measures["geometry/overlap_k8"]
             overlap = f"{m['end']['mean']:.3f} / {m['null_mean']['end']['mean']:.3f}"
-        r2 = [measures.get(f"geometry/hidden/layer{i}/position_r2", {}).get("end", {}).get("mean") for i in range(3)]
-        if None not in r2:  # 2 blocks: inputs 0, 1 and the output are depths 0, 1/2, 1
-            probe = f"{r2[0]:.2f} / – / {r2[1]:.2f} / – / {r2[2]:.2f}"
-        lines.append(f"| trained here: {family} | {family} | 2 x 64 | {overlap} | {probe} | "
+        for figure in probes:
+            r2 = [measures.get(f"geometry/hidden/layer{i}/{figure}", {}).get("end", {}).get("mean") for i in range(3)]
+            if None not in r2:  # 2 blocks: inputs 0, 1 and the output are depths 0, 1/2, 1
+                probes[figure] = f"{r2[0]:.2f} / – / {r2[1]:.2f} / – / {r2[2]:.2f}"
+        lines.append(f"| trained here: {family} | {family} | 2 x 64 | {overlap} | 64 | {probes['position_r2']} | "
+                     f"{probes['log_position_r2']} | "
                      f"{a['positional_share']['mean']:.3f} ± {a['positional_share']['sd']:.3f} | {null} (block 0) | "
                      f"{d0:.2f}; {d1:.2f} |")
     for preset, p in (presets or {}).items():
         m, b0, layers = p["model"], p["summary"]["block0"], p["summary"]["layers"]
         null = f"null mean {b0['null_mean']['mean']:.3f}" if b0.get("null_mean") else "–"
         d0, d1 = (f"{layers[i]['distance_ratio']['mean']:.2f}" if i < len(layers) else "–" for i in (0, 1))
-        lines.append(f"| trained here: {preset} | {scheme_words(p)} | {m['n_layers']} x {m['d_model']} |  |  | "
+        lines.append(f"| trained here: {preset} | {scheme_words(p)} | {m['n_layers']} x {m['d_model']} |  | {p['recipe']['seq_len']} |  |  | "
                      f"{b0['positional_share']['mean']:.3f} ± {b0['positional_share']['sd']:.3f} | {null} (block 0) | "
                      f"{d0}; {d1} |")
     if presets:
