@@ -95,7 +95,7 @@ def test_the_points_add_up_to_the_logits_both_kernels_record_and_the_explicit_ke
         tolerance = 1e-6 if i == 0 else 1e-4  # block 1 reads block 0's output, which the kernels round apart
         torch.testing.assert_close(theirs[i]["logits"], points["logits"], atol=tolerance, rtol=tolerance)
         torch.testing.assert_close(from_points(block.attn, points, causal), points["logits"], atol=1e-5, rtol=1e-5)
-        if pe in ("none", "sinusoidal", "learned", "alibi", "t5", "fire", "kerple", "forgetting"):  # no rotation: q, k untouched
+        if pe in ("none", "sinusoidal", "learned", "alibi", "t5_bias", "fire", "kerple", "forgetting"):  # no rotation: q, k untouched
             assert points["q"].equal(points["q_pre"]) and points["k"].equal(points["k_pre"])
         assert (points["score_bias"] is None) == (pe in ("none", "sinusoidal", "learned", "rope", "xpos"))
 
