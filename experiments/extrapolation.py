@@ -1,6 +1,7 @@
 """The length-extrapolation benchmark: every trained run scored at 1x-16x its training length.
 
     python train.py -m experiment=extrapolation hydra/launcher=local_parallel     # 10 PE options x 3 seeds
+    python train.py -m experiment=extrapolation_peer hydra/launcher=local_parallel  # x-transformers' own: 7 x 3
     python experiments/extrapolation.py multirun/<date>/<time> --out experiments/results/extrapolation
 
 Every run of the sweep folder(s) is rebuilt from its last checkpoint and scored with
@@ -42,7 +43,7 @@ import torch
 from omegaconf import OmegaConf
 
 from pe_geometry.analysis.extrapolation import NA, fixed_target_losses
-from pe_geometry.analysis.position_attention import position_attention_report
+from pe_geometry.analysis.position_attention import NoHookPoints, position_attention_report
 from pe_geometry.configs import CONFIG_DIR
 from pe_geometry.training.run_loader import load_trained_run
 
@@ -170,7 +171,11 @@ BENCHMARK_LAYERS = int(OmegaConf.load(CONFIG_DIR / "experiment" / "orthogonality
 def arm_label(pe: str, config, layers: int | None = None) -> str:
     """A run's arm: its ``pe=`` option with what sets it apart, e.g. 'rope (window 32)', 't5_bias (max_distance 64)',
     'sinusoidal (word-norm table)'; with ``layers`` (the benchmark's depth), a run of another depth says its own
-    ('rope (4 layers)'), so it is never pooled with the benchmark's arm of the same family."""
+    ('rope (4 layers)'), so it is never pooled with the benchmark's arm of the same family. A peer run
+    (model=xtransformers: x-transformers' own modules, pe=none) is its ``model.peer_pe`` family: 'peer x-transformers: rope'."""
+    model = config.get("model") or {}
+    if str(model.get("_target_", "")).endswith(".XTransformersLM"):  # pe_geometry/model/peer.py
+        pe = f"peer x-transformers: {model.get('peer_pe', 'rope')}"
     pattern = (config.get("model") or {}).get("layer_pattern")
     depth = int((config.get("model") or {}).get("n_layers", layers or 0))
     # a pattern with an entry per layer spells the depth out already: its arm reads the same in every task
@@ -224,7 +229,11 @@ def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], tar
     arm = arm_label(pe, run.config, layers=BENCHMARK_LAYERS)
     labels = [arm] + ([f"rope+{s}" for s in scalings] if arm == "rope" else [])
     blocks = torch.from_numpy(np.asarray(stream[: ATTENTION_BLOCKS * seq_len], dtype=np.int64)).view(-1, seq_len)
-    attention = position_attention_report(run.model.eval(), blocks)  # at the training length
+    try:
+        attention = position_attention_report(run.model.eval(), blocks)  # at the training length
+    except NoHookPoints as err:  # a peer built from other modules (model=xtransformers): its loss is scored, not this
+        attention = None
+        print(f"{run_dir.name}: no position-attention figures ({err})", flush=True)
     entries, base = [], None
     for label in labels:
         start = time.perf_counter()
@@ -235,7 +244,7 @@ def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], tar
             scores = scaled_rope_losses(run_dir, scaling, datamodules, stream, seq_len, multipliers, target_len, base,
                                         mask_draws)
         scores = scores | {"run": str(run_dir), "family": label, "seed": int(run.config.get("seed", 0)), "step": run.step,
-                           "seconds": round(time.perf_counter() - start, 1), "attention": attention}
+                           "seconds": round(time.perf_counter() - start, 1)} | ({"attention": attention} if attention else {})
         entries.append(scores)
         cells = [f"{m}x {v['loss']:.4f}" if v["loss"] != NA else f"{m}x n/a" for m, v in scores["lengths"].items()]
         print(f"{run_dir.name}: {label} s{scores['seed']}: " + "  ".join(cells), flush=True)

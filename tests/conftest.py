@@ -30,7 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 from pe_geometry.configs import CONFIG_DIR  # noqa: E402
 
 PE_TYPES = sorted(p.stem for p in (CONFIG_DIR / "pe").glob("*.yaml"))
-MODEL_TYPES = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
+# Our layouts; the peer (model=xtransformers: x-transformers' own modules, none of our pe options or hook points) has
+# its own tests (tests/test_peer.py)
+PEER_MODELS = ("xtransformers",)
+MODEL_TYPES = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml") if p.stem not in PEER_MODELS)
 
 
 def causal_only(pe: str) -> bool:

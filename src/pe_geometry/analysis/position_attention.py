@@ -262,6 +262,11 @@ def mean_attention_distance(model: LanguageModel, idx: Tensor, n_blocks: int | N
     return torch.stack(out), torch.stack(chances)
 
 
+class NoHookPoints(TypeError):
+    """A model without our attention hook points (a peer, model=xtransformers: x-transformers' own modules): these
+    figures cannot be read off it."""
+
+
 def position_attention_report(model: LanguageModel, idx: Tensor, n_draws: int = 20, seed: int = 0) -> dict:
     """Both figures of a trained model on token blocks idx (B, T), as plain lists (JSON-ready):
 
@@ -269,8 +274,12 @@ def position_attention_report(model: LanguageModel, idx: Tensor, n_draws: int = 
     ``positional_share_layers`` (n_layers, H): every block's (``layer_positional_shares``; row 0 is
     ``positional_share``; for an input-table encoding the rows past block 0 are None);
     ``mean_distance`` (n_layers, H); ``distance_chance`` (n_layers,), uniform attention's; with a layer pattern,
-    ``layer_schemes`` (n_layers,): each layer's position scheme in words.
+    ``layer_schemes`` (n_layers,): each layer's position scheme in words. A model that is not one of ours (a peer)
+    raises ``NoHookPoints``, one line.
     """
+    if not isinstance(model, LanguageModel):
+        raise NoHookPoints(f"{type(model).__name__} (built from {getattr(model, 'peer', 'modules not ours')}) has none "
+                           "of our attention hook points: no positional share or attention distance for it")
     with torch.no_grad():
         report = {"positional_share": positional_share(model, idx).tolist()}
         if has_rotation(model):

@@ -149,6 +149,8 @@ def _option_targets(group: str) -> dict[str, str]:
             node = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError:
             continue
+        if isinstance(node, dict) and "_target_" not in node and isinstance(node.get(group), dict):
+            node = node[group]  # an option that overrides other groups too (@package _global_: model=xtransformers)
         if isinstance(node, dict) and "_target_" in node:
             targets.setdefault(node["_target_"], path.stem)
     return targets

@@ -32,8 +32,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-pretrained", action="store_true", help="skip the pretrained-checkpoint comparison")
     parser.add_argument("--no-extrapolation", action="store_true",
                         help="do not evaluate longer blocks (existing length_extrapolation.json files are still used)")
-    parser.add_argument("--multipliers", type=positive_int, nargs="+", default=[1, 2, 4], help="evaluation lengths as multiples of seq_len")
-    parser.add_argument("--max-batches", type=positive_int, default=8, help="validation tokens for extrapolation = max_batches x batch x seq_len")
+    parser.add_argument("--multipliers", type=positive_int, nargs="+", default=[1, 2, 4],
+                        help="evaluation lengths as multiples of seq_len")
+    parser.add_argument("--max-batches", type=positive_int, default=8,
+                        help="validation tokens for extrapolation = max_batches x batch x seq_len")
     parser.add_argument("--no-verdict", action="store_true",
                         help="do not re-measure final weights against the null (existing verdict.json files are still used)")
     parser.add_argument("--null-draws", type=int_at_least(2), default=None,

@@ -24,7 +24,11 @@ OptimizerFactory = Callable[..., dict[str, Any]]
 
 
 def embedding_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The word embedding(s) and the parameters of the positional encoding(s): E and a learned P."""
+    """The word embedding(s) and the parameters of the positional encoding(s): E and a learned P. A model built from
+    other modules than ours names its own (``model.embedding_parameters()``: model=xtransformers)."""
+    own = getattr(model, "embedding_parameters", None)
+    if callable(own):
+        return list({id(p): p for p in own()}.values())
     modules = [m for m in model.modules() if isinstance(m, (TokenEmbedding, PositionalEncoding))]
     return list({id(p): p for m in modules for p in m.parameters()}.values())
 

@@ -10,7 +10,7 @@ import torch
 from annotated_types import Ge, Interval
 from lightning.pytorch.utilities import rank_zero_only
 
-from pe_geometry.model import EncoderMLM
+from pe_geometry.model import EncoderMLM, LanguageModel
 from pe_geometry.model.sampling import fill_masks, generate, prompt_ids
 from pe_geometry.signatures import MAX_SEED
 
@@ -52,6 +52,10 @@ class SampleTextCallback(L.Callback):
         if tokenizer is None or self.max_new_tokens <= 0:
             return
         model, was_training = pl_module.model, pl_module.training
+        if not isinstance(model, LanguageModel):  # a peer (model=xtransformers): generation reads our KV cache
+            log.info("no text sample: %s is not one of our models (generation runs through their KV cache)",
+                     type(model).__name__)
+            return
         model.eval()
         generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
         context = datamodule.seq_len if self.context == "train" else None

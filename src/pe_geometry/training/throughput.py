@@ -32,8 +32,15 @@ class TokenThroughputMonitor(ThroughputMonitor):
         super().__init__(batch_size_fn=block_batch_size, length_fn=block_tokens, **kwargs)
 
 
-def training_flops_per_batch(model: LanguageModel, batch_size: int, seq_len: int) -> int:
-    """FLOPs of one forward + backward on a (batch_size, seq_len + 1) block, counted on a meta-device copy."""
+def training_flops_per_batch(model: LanguageModel, batch_size: int, seq_len: int) -> int | None:
+    """FLOPs of one forward + backward on a (batch_size, seq_len + 1) block, counted on a meta-device copy; None for
+    a model not ours that cannot run there (a peer, model=xtransformers: x-transformers' rotary calls autocast, which
+    the meta device does not have), which then logs tokens/s without FLOPs."""
     meta = copy.deepcopy(model).to("meta")
     block = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device="meta")
-    return measure_flops(meta, lambda: meta.loss(block), loss_fn=lambda loss: loss)
+    if isinstance(model, LanguageModel):
+        return measure_flops(meta, lambda: meta.loss(block), loss_fn=lambda loss: loss)
+    try:
+        return measure_flops(meta, lambda: meta.loss(block), loss_fn=lambda loss: loss)
+    except RuntimeError:
+        return None

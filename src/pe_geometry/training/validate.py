@@ -122,6 +122,33 @@ def check_layer_pattern(cfg: DictConfig) -> None:
                 raise ConfigError(f"{where}.window: {err}") from None
 
 
+def check_model_parts(cfg: DictConfig) -> None:
+    """A model that builds its own parts (model=xtransformers: x-transformers' modules) says which choices of the other
+    groups it cannot honour (``check_parts``: our pe beside its own, an attention variant it would ignore), and such a
+    model has none of the hook points the geometry recorder reads."""
+    model_class = get_class(str(cfg.model._target_))
+    check = getattr(model_class, "check_parts", None)
+    if check is None:
+        return
+
+    def part(group: str) -> tuple[type, dict] | None:
+        node = cfg.get(group)
+        if node is None or "_target_" not in node:
+            return None
+        return get_class(str(node._target_)), {k: v for k, v in node.items() if not str(k).startswith("_")}
+
+    pe = part("pe")
+    try:
+        check(pe[0] if pe else None, part("embedding"), part("attention"), pe_option=_option("pe", cfg.pe) if pe else None)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    geometry = (cfg.get("callbacks") or {}).get("geometry")
+    if geometry is not None and "_target_" in geometry:
+        raise ConfigError(f"model={_option('model', cfg.model)}: the geometry recorder reads our models' embedding and "
+                          f"attention hook points, which the modules of {getattr(model_class, 'peer', 'this model')} do "
+                          "not have; use callbacks=no_geometry")
+
+
 def check_data(cfg: DictConfig) -> None:
     """The tokenizer's vocabulary (a corpus), or the data class's own ``check_settings(model_objective, **settings)``
     (data=task: the task fits ``data.seq_len``, the model is a decoder)."""
@@ -183,5 +210,6 @@ def check_config(cfg: DictConfig) -> None:
     check_positional_encoding(cfg)
     check_attention(cfg)
     check_layer_pattern(cfg)
+    check_model_parts(cfg)
     check_data(cfg)
     check_run_settings(cfg)
