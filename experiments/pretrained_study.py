@@ -184,7 +184,8 @@ def table(results: dict[str, dict], trained: dict | None, band_result: dict | No
         m, b0, layers = p["model"], p["summary"]["block0"], p["summary"]["layers"]
         null = f"null mean {b0['null_mean']['mean']:.3f}" if b0.get("null_mean") else "–"
         d0, d1 = (f"{layers[i]['distance_ratio']['mean']:.2f}" if i < len(layers) else "–" for i in (0, 1))
-        lines.append(f"| trained here: {preset} | {scheme_words(p)} | {m['n_layers']} x {m['d_model']} |  | {p['recipe']['seq_len']} |  |  | "
+        lines.append(f"| trained here: {preset} | {scheme_words(p)} | {m['n_layers']} x {m['d_model']} |  | "
+                     f"{p['recipe']['seq_len']} |  |  | "
                      f"{b0['positional_share']['mean']:.3f} ± {b0['positional_share']['sd']:.3f} | {null} (block 0) | "
                      f"{d0}; {d1} |")
     if presets:
