@@ -44,6 +44,7 @@ from omegaconf import OmegaConf
 
 from pe_geometry.analysis.extrapolation import NA, fixed_target_losses
 from pe_geometry.analysis.position_attention import NoHookPoints, position_attention_report
+from pe_geometry.analysis.runs import checkpoint_ending
 from pe_geometry.configs import CONFIG_DIR
 from pe_geometry.training.run_loader import load_trained_run
 
@@ -98,8 +99,11 @@ def relabel_note(relabel: dict[str, str]) -> str:
     return ("; renamed: " + ", ".join(f"'{old}' is '{new}'" for old, new in relabel.items())) if relabel else ""
 
 
-def run_dirs(folders: list[Path]) -> list[Path]:
-    """Every run folder (one with checkpoints/last.ckpt) under the given sweep folders or run folders."""
+def run_dirs(folders: list[Path], include_unfinished: bool = False) -> list[Path]:
+    """Every run folder (one with checkpoints/last.ckpt) under the given sweep folders or run folders. A run killed or
+    stopped before its trainer.max_steps (``analysis.runs.checkpoint_ending``; an early stop is an end) would be scored
+    at the step it reached beside finished runs: refused in one line naming it, unless ``include_unfinished``, when it
+    is scored and named on stdout."""
     found = []
     for folder in folders:
         if (folder / "checkpoints" / "last.ckpt").is_file():
@@ -107,6 +111,13 @@ def run_dirs(folders: list[Path]) -> list[Path]:
         found += sorted(p.parent.parent for p in folder.glob("*/checkpoints/last.ckpt"))
     if not found:
         raise SystemExit(f"error: no run with checkpoints/last.ckpt under {[str(f) for f in folders]}")
+    unfinished = [d for d in found if checkpoint_ending(d / "checkpoints" / "last.ckpt") == "unfinished"]
+    if unfinished and not include_unfinished:
+        raise SystemExit(f"error: {len(unfinished)} run(s) did not reach their trainer.max_steps (killed or stopped): "
+                         f"{', '.join(map(str, unfinished))}; continue them (ckpt_path=auto on the sweep), or pass "
+                         "--include-unfinished to score them where they stopped")
+    for d in unfinished:
+        print(f"{d}: unfinished (killed or stopped before trainer.max_steps), scored at the step it reached", flush=True)
     return found
 
 
@@ -194,14 +205,14 @@ def is_scaled(family: str) -> bool:
 
 
 def score_runs(folders: list[Path], multipliers: list[int], target_len: int | None, scalings: list[str],
-               cache: Path | None = None, mask_draws: int = 1) -> list[dict]:
+               cache: Path | None = None, mask_draws: int = 1, include_unfinished: bool = False) -> list[dict]:
     """Every run's scores (one entry per label: the run, and a RoPE run once per scaling). With ``cache`` (a
     folder), a run's entries are kept there and reused while its checkpoint step and the protocol are the same,
     so a sweep can be scored as its runs finish and the final call only scores what is new."""
     results, datamodules = [], {}
     protocol = {"multipliers": multipliers, "target_len": target_len or "seq_len", "scalings": scalings,
                 "attention_blocks": ATTENTION_BLOCKS}
-    for run_dir in run_dirs(folders):
+    for run_dir in run_dirs(folders, include_unfinished):
         cached = cache / f"{run_dir.parent.name}--{run_dir.name}.json" if cache is not None else None
         run = load_trained_run(run_dir, datamodules=datamodules)
         masked = run.model.objective == "masked-lm"
@@ -512,6 +523,8 @@ def plot(summary: dict[str, dict], multipliers: list[int], path: Path, title: st
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (or run folders) with trained runs")
+    parser.add_argument("--include-unfinished", action="store_true",
+                        help="score runs killed before trainer.max_steps where they stopped (refused otherwise)")
     parser.add_argument("--out", type=Path, required=True, help="folder for extrapolation.{json,md,png}, position_attention.png")
     parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--target-len", type=int, default=None,
@@ -535,7 +548,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     start = time.perf_counter()
     results = score_runs(args.folders, args.multipliers, args.target_len, args.scalings, cache=args.cache,
-                         mask_draws=args.mask_draws)
+                         mask_draws=args.mask_draws, include_unfinished=args.include_unfinished)
     first = results[0]
     # runs named by sweep folder and run folder, not by this machine's absolute paths (the results are committed)
     runs = [r | {"run": "/".join(Path(r["run"]).parts[-2:])} for r in results]

@@ -212,7 +212,7 @@ def score_runs(folders: list[Path], args, batches: dict) -> list[dict]:
     protocol = {"multipliers": args.multipliers, "examples": args.examples, "seed": args.seed,
                 "bootstrap": args.bootstrap, "depth_bins": args.depth_bins, "attention_examples": ATTENTION_EXAMPLES}
     runs = []
-    for run_dir in run_dirs(folders):
+    for run_dir in run_dirs(folders, args.include_unfinished):
         cached = args.cache / f"{run_dir.parent.name}--{run_dir.name}.json" if args.cache else None
         if cached is not None and cached.is_file():
             entry = json.loads(cached.read_text())
@@ -568,6 +568,8 @@ def plot(summary: dict, chance: dict, multipliers: list[int], path: Path) -> Non
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (or run folders) of data=task runs")
+    parser.add_argument("--include-unfinished", action="store_true",
+                        help="score runs killed before trainer.max_steps where they stopped (refused otherwise)")
     parser.add_argument("--out", type=Path, required=True, help="folder for length_tasks.{json,md,png}")
     parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--examples", type=int, default=256, help="evaluation examples per task and length")

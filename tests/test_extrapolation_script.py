@@ -155,3 +155,18 @@ def test_the_attention_table_has_a_column_per_layer_of_the_deepest_arm():
     widths = {line.count("|") for line in table}
     assert len(widths) == 1 and "block 3" in table[0]
     assert [line for line in table if line.startswith("| a |")][0].endswith("– | – | 1.000 ± 0.000 |")
+
+
+def test_a_killed_run_beside_finished_ones_is_refused_unless_included(tmp_path, capsys):
+    """Before: a run killed at step 10 was scored beside finished runs without a word (pe-report flagged it)."""
+    script = load_script()
+    for name, step in (("finished", 10), ("killed", 4), ("stopped_early", 6)):
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+        callbacks = {"EarlyStop{'monitor': 'val/loss'}": {"wait_count": 3, "patience": 3}} if name == "stopped_early" else {}
+        torch.save({"global_step": step, "run_config": {"trainer": {"max_steps": 10}}, "callbacks": callbacks},
+                   tmp_path / name / "checkpoints" / "last.ckpt")
+    with pytest.raises(SystemExit, match=r"error: 1 run\(s\) did not reach their trainer.max_steps .*killed; continue"):
+        script.run_dirs([tmp_path])
+    assert script.run_dirs([tmp_path], include_unfinished=True) == [tmp_path / n for n in ("finished", "killed", "stopped_early")]
+    assert f"{tmp_path / 'killed'}: unfinished" in capsys.readouterr().out
+    assert script.run_dirs([tmp_path / "finished", tmp_path / "stopped_early"]) == [tmp_path / "finished", tmp_path / "stopped_early"]
