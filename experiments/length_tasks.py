@@ -384,6 +384,7 @@ def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int, t
             a, b = values[(task, arm)], values[(task, control)]
             rows.append({"task": task, "arm": arm, "control": control, "multiplier": multiplier, "metric": metric,
                          "arm_mean": statistics.fmean(a.values()), "control_mean": statistics.fmean(b.values()),
+                         "arm_seeds": dict(sorted(a.items())), "control_seeds": dict(sorted(b.items())),
                          **seed_contrast(list(a.values()), list(b.values()))})
     for row, adjusted in zip(rows, holm([row["p"] for row in rows])):
         row["p_holm"] = adjusted
@@ -418,12 +419,14 @@ def plan_pairs(plan: dict) -> list[tuple[str, str]]:
 
 def contrast_table(rows: list[dict]) -> str:
     metric = METRIC_WORDS.get(rows[0].get("metric", "token_accuracy"), "token accuracy") if rows else "token accuracy"
-    lines = [f"| task | arm | control | {metric}, arm / control | difference | seeds (smallest p they allow) | p (exact) | p (Holm) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| task | arm | control | {metric}, arm / control | per seed, arm; control | difference | "
+             "seeds (smallest p they allow) | p (exact) | p (Holm) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        per_seed = "; ".join(", ".join(f"{v:.2f}" for v in r.get(k, {}).values()) or "–"
+                             for k in ("arm_seeds", "control_seeds"))
         lines.append(f"| {r['task']} | {r['arm']} | {r['control']} | {r['arm_mean']:.2f} / {r['control_mean']:.2f} | "
-                     f"{r['difference']:+.2f} | {r['seeds'][0]} v {r['seeds'][1]} ({r.get('p_floor', float('nan')):.3g}) | "
-                     f"{r['p']:.3g} | {r['p_holm']:.3g} |")
+                     f"{per_seed} | {r['difference']:+.2f} | {r['seeds'][0]} v {r['seeds'][1]} "
+                     f"({r.get('p_floor', float('nan')):.3g}) | {r['p']:.3g} | {r['p_holm']:.3g} |")
     return "\n".join(lines)
 
 

@@ -220,7 +220,7 @@ REFUSALS = [
      "pe=rope: pe.randomize_positions=32 must be at least data.seq_len=64: each block draws data.seq_len distinct "
      "positions of [0, pe.randomize_positions)"),
     (["pe=alibi", "pe.randomize_positions=-1"],
-     "pe.randomize_positions=-1 must be an integer >= 0 (positions drawn from in training; 0: off), or null for off"),
+     "pe.randomize_positions=-1 must be an integer in [0, 1048576] (positions drawn from in training; 0: off), or null for off"),
 ]
 
 
