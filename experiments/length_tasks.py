@@ -43,6 +43,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -391,9 +392,10 @@ def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int, t
     return rows
 
 
-def contrast_preamble(rows: list[dict], plan: Path | None) -> str:
+def contrast_preamble(rows: list[dict], plan: Path | None, out: Path | None = None) -> str:
     if plan is not None:
-        return (f"**Confirmatory**: the pairs, metric, length, seeds and alpha of [{plan.name}]({plan}), committed before "
+        link = os.path.relpath(plan.resolve(), out.resolve()) if out is not None else plan  # from the markdown's folder
+        return (f"**Confirmatory**: the pairs, metric, length, seeds and alpha of [{plan.name}]({link}), committed before "
                 "these runs; these tests alone are the finding. ")
     return "**Exploratory** (`--contrast`: pairs chosen on the command line, not from a committed plan). " if rows else ""
 
@@ -638,7 +640,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"<folders> --out <here>`); {protocol}. Chance lines (`data.tasks.window_chance` on the same examples): a model "
         "that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet.\n\n"
         f"## At a glance\n\n{glance}\n\n## Per task\n\n{tables}\n\n![accuracy vs length](length_tasks.png)\n\n"
-        + (f"## Contrasts\n\n{contrast_preamble(tested, args.plan)}Each arm against its control, "
+        + (f"## Contrasts\n\n{contrast_preamble(tested, args.plan, args.out)}Each arm against its control, "
            f"{METRIC_WORDS.get(tested[0]['metric'], 'token accuracy') if tested else ''} at {args.contrast_at}x, one "
            "value per seed: the difference of the seeds' means, its exact two-sided permutation p over the seeds, and "
            f"Holm's correction over the {len(tested)} tests.\n\n{contrast_table(tested)}\n\n" if tested else "")
