@@ -392,11 +392,25 @@ def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int, t
     return rows
 
 
-def contrast_preamble(rows: list[dict], plan: Path | None, out: Path | None = None) -> str:
+def smallest_holm_p(plan: dict) -> float:
+    """The smallest Holm-adjusted p a plan's family can reach: its number of tests times the exact permutation test's
+    floor for its seeds (2 / C(2n, n), n seeds per arm). At or above the plan's alpha no test could have passed,
+    whatever the data (5 v 5 seeds: 0.0079; 8 tests: 0.063)."""
+    n = len(plan["seeds"])
+    return min(1.0, len(plan["pairs"]) * 2 / math.comb(2 * n, n))
+
+
+def contrast_preamble(rows: list[dict], plan: Path | None, out: Path | None = None,
+                      plan_settings: dict | None = None) -> str:
     if plan is not None:
         link = os.path.relpath(plan.resolve(), out.resolve()) if out is not None else plan  # from the markdown's folder
+        power = ""
+        if plan_settings is not None and (floor := smallest_holm_p(plan_settings)) >= plan_settings["alpha"]:
+            power = (f"**This plan could not reject any test**: Holm over its {len(plan_settings['pairs'])} tests "
+                     f"from {len(plan_settings['seeds'])} v {len(plan_settings['seeds'])} seeds cannot go below "
+                     f"{floor:.3g}, above its alpha {plan_settings['alpha']}; read its p's as the data's direction only. ")
         return (f"**Confirmatory**: the pairs, metric, length, seeds and alpha of [{plan.name}]({link}), committed before "
-                "these runs; these tests alone are the finding. ")
+                f"these runs; these tests alone are the finding. {power}")
     return "**Exploratory** (`--contrast`: pairs chosen on the command line, not from a committed plan). " if rows else ""
 
 
@@ -640,7 +654,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"<folders> --out <here>`); {protocol}. Chance lines (`data.tasks.window_chance` on the same examples): a model "
         "that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet.\n\n"
         f"## At a glance\n\n{glance}\n\n## Per task\n\n{tables}\n\n![accuracy vs length](length_tasks.png)\n\n"
-        + (f"## Contrasts\n\n{contrast_preamble(tested, args.plan, args.out)}Each arm against its control, "
+        + (f"## Contrasts\n\n{contrast_preamble(tested, args.plan, args.out, plan)}Each arm against its control, "
            f"{METRIC_WORDS.get(tested[0]['metric'], 'token accuracy') if tested else ''} at {args.contrast_at}x, one "
            "value per seed: the difference of the seeds' means, its exact two-sided permutation p over the seeds, and "
            f"Holm's correction over the {len(tested)} tests.\n\n{contrast_table(tested)}\n\n" if tested else "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,3 +240,16 @@ def test_a_planned_contrast_reads_its_metric_at_its_seeds_only(tmp_path):
     bad.write_text("seeds: [1]\n")
     with pytest.raises(SystemExit, match=r"lacks \['task', 'metric'"):
         script.read_plan(bad)
+
+
+def test_a_plan_that_cannot_reject_says_so():
+    """Holm over m tests from an exact test with floor f cannot go below m f: the committed plan's 8 tests from 5 v 5
+    seeds floor at 8 x 2/252 = 0.063 > 0.05, which its report must say; 3 tests would have reached 0.024."""
+    script = load_script()
+    plan = script.read_plan(ROOT / "experiments" / "plans" / "passkey_confirmatory.yaml")
+    assert script.smallest_holm_p(plan) == pytest.approx(8 * 2 / 252)
+    text = script.contrast_preamble([], Path("p.yaml"), None, plan)
+    assert "**This plan could not reject any test**" in text and "0.0635" in text
+    three = {**plan, "pairs": plan["pairs"][:3]}
+    assert script.smallest_holm_p(three) == pytest.approx(3 * 2 / 252) and script.smallest_holm_p(three) < three["alpha"]
+    assert "could not reject" not in script.contrast_preamble([], Path("p.yaml"), None, three)
