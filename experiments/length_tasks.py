@@ -576,11 +576,12 @@ def plot(summary: dict, chance: dict, multipliers: list[int], path: Path) -> Non
             if label not in labels:
                 handles.append(h)
                 labels.append(label)
-    ncol = min(6, len(labels))
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
-    legend_rows = -(-len(labels) // ncol)
-    fig.tight_layout(rect=(0, min(0.4, 0.02 + 0.022 * legend_rows), 1, 1))  # the axes end above the legend's rows
-    fig.savefig(path, dpi=120)
+    fig.tight_layout()
+    # below the panels, as wide as they are (a column per 4.2-inch panel, long labels: one panel, one column); the
+    # saved figure grows to hold it instead of cutting labels at its edges
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=max(1, min(6, len(tasks))),
+               fontsize=8)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
