@@ -425,6 +425,10 @@ def read_plan(path: Path) -> dict:
         raise SystemExit(f"error: --plan {path} lacks {missing}")
     if plan["metric"] not in METRICS:
         raise SystemExit(f"error: --plan {path}: metric {plan['metric']!r}; valid: {list(METRICS)}")
+    if (floor := smallest_holm_p(plan)) >= plan["alpha"]:  # said before any run is read: check a plan before its runs
+        print(f"warning: --plan {path} cannot reject any test: Holm over {len(plan['pairs'])} tests from "
+              f"{len(plan['seeds'])} v {len(plan['seeds'])} seeds floors at {floor:.3g} >= alpha {plan['alpha']} "
+              "(fewer pairs or more seeds)", file=sys.stderr)
     return plan
 
 
