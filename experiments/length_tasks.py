@@ -63,7 +63,7 @@ from pe_geometry.analysis.nulls import holm
 from pe_geometry.analysis.position_attention import position_attention_report
 from pe_geometry.analysis.task_scoring import greedy_answers
 from pe_geometry.configs import CONFIG_DIR
-from pe_geometry.data.tasks import TASKS, accuracy_by_depth, answer_accuracy, make_batch, play_filler, window_chance
+from pe_geometry.data.tasks import TASKS, accuracy_by_depth, answer_accuracy, beyond_window, make_batch, play_filler, window_chance
 from pe_geometry.training.run_loader import load_trained_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ scripts share their helpers
@@ -75,8 +75,11 @@ ATTENTION_EXAMPLES = 64  # examples at the training length that the attention fi
 QUICK = {"multipliers": [1, 2, 4], "examples": 128, "bootstrap": 200}
 # greedy_*: the answer written by greedy decoding (analysis/task_scoring.py), the headline; exact_match and token_accuracy:
 # teacher-forced (each answer token predicted with the true ones before it), kept beside them
-METRICS = ("greedy_exact_match", "greedy_first_token", "exact_match", "token_accuracy")
+METRICS = ("greedy_exact_match", "greedy_exact_match_beyond_L", "greedy_first_token", "exact_match", "token_accuracy")
 METRIC_WORDS = {"greedy_exact_match": "exact match, greedy decoding (the headline)",
+                "greedy_exact_match_beyond_L": "exact match, greedy decoding, of the examples whose answer depends on a "
+                                               "token before the last L (retrieval past the training length; a model "
+                                               "that sees only L scores 0; – at 1x: there are none)",
                 "greedy_first_token": "first answer token, greedy decoding (a passkey's retrieval)",
                 "exact_match": "exact match, teacher-forced", "token_accuracy": "token accuracy, teacher-forced"}
 # The suite's depth per task (configs/experiment/length_tasks.yaml; associative recall at 4 layers, as its header
@@ -134,13 +137,21 @@ def score_examples(model, batch) -> dict[str, np.ndarray]:
 def rates(scores: dict[str, np.ndarray], index: np.ndarray | None = None) -> dict[str, np.ndarray | float]:
     """Exact-match rate and token accuracy of the examples ``index`` picks (rows of ``index``: resamples)."""
     greedy = [m for m in ("greedy_exact_match", "greedy_first_token") if m in scores]  # absent in older results
+    beyond = {}
+    if "greedy_exact_match" in scores and "beyond" in scores:  # exact match of the examples past the window only
+        right, past = scores["greedy_exact_match"], scores["beyond"].astype(float)
+        if index is None:
+            beyond = {"greedy_exact_match_beyond_L": float((right * past).sum() / past.sum()) if past.sum() else math.nan}
+        else:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                beyond = {"greedy_exact_match_beyond_L": (right * past)[index].sum(axis=-1) / past[index].sum(axis=-1)}
     if index is None:
         return {"exact_match": float(scores["exact_match"].mean()),
                 "token_accuracy": float(scores["correct"].sum() / max(scores["n_answer"].sum(), 1)),
-                **{m: float(scores[m].mean()) for m in greedy}}
+                **{m: float(scores[m].mean()) for m in greedy}, **beyond}
     return {"exact_match": scores["exact_match"][index].mean(axis=-1),
             "token_accuracy": scores["correct"][index].sum(axis=-1) / np.maximum(scores["n_answer"][index].sum(axis=-1), 1),
-            **{m: scores[m][index].mean(axis=-1) for m in greedy}}
+            **{m: scores[m][index].mean(axis=-1) for m in greedy}, **beyond}
 
 
 def resamples(n_examples: int, draws: int, seed: int) -> np.ndarray:
@@ -149,7 +160,11 @@ def resamples(n_examples: int, draws: int, seed: int) -> np.ndarray:
 
 
 def interval(values: np.ndarray) -> list[float]:
-    """The 95 % percentile interval of bootstrap values."""
+    """The 95 % percentile interval of bootstrap values (resamples without a value, NaN, left out; none: NaN)."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return [math.nan, math.nan]
     return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
 
 
@@ -223,14 +238,33 @@ def score_runs(folders: list[Path], args, batches: dict) -> list[dict]:
                 result = entry["result"] | {"family": task_arm(pe, config, entry["result"]["task"])}
                 for m in args.multipliers:  # the chance lines are computed on the examples themselves
                     task_examples(batches, result, m, args.examples, args.seed)
-                runs.append(result)
+                runs.append(with_beyond(result, batches, args))
                 continue
         result = score_run(run_dir, args.multipliers, args.examples, args.seed, args.bootstrap, args.depth_bins, batches)
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
             cached.write_text(json.dumps({"protocol": protocol, "result": result}))
-        runs.append(result)
+        runs.append(with_beyond(result, batches, args))
     return runs
+
+
+def with_beyond(result: dict, batches: dict, args) -> dict:
+    """A run's scores with, per length, which examples lie past its training length (``data.tasks.beyond_window``,
+    kept per example as ``beyond``) and its greedy exact match on those alone, with the bootstrap interval: retrieval
+    past L, which the window line (a mixture of examples a window model gets right and ones it cannot) does not
+    separate from retrieval within the last L tokens."""
+    for m in args.multipliers:
+        entry = result["lengths"][str(m)]
+        if "na" in entry or "greedy_exact_match" not in entry.get("per_example", {}):
+            continue
+        batch = task_examples(batches, result, m, args.examples, args.seed)
+        entry["per_example"]["beyond"] = beyond_window(batch, result["seq_len"]).int().tolist()
+        scores = {k: np.asarray(v, dtype=float) for k, v in entry["per_example"].items()}
+        metric = "greedy_exact_match_beyond_L"
+        entry[metric] = rates(scores)[metric]
+        entry[f"{metric}_ci"] = interval(rates(scores, resamples(args.examples, args.bootstrap, args.seed))[metric])
+        entry["examples_beyond_L"] = int(scores["beyond"].sum())
+    return result
 
 
 def checkpoint_facts(run_dir: Path) -> tuple[int, str, object]:
@@ -453,6 +487,8 @@ def contrast_table(rows: list[dict]) -> str:
 def _cell(cell: dict, metric: str) -> str:
     if "na" in cell:
         return "n/a"
+    if math.isnan(cell[metric]):
+        return "–"
     low, high = cell[f"{metric}_ci"]
     seeds = f"; seeds {cell[f'{metric}_min']:.2f}–{cell[f'{metric}_max']:.2f}" if cell["seeds"] > 1 else ""
     return f"{cell[metric]:.3f} ({low:.2f}–{high:.2f}{seeds})"
@@ -481,8 +517,11 @@ def markdown_tables(summary: dict, chance: dict, multipliers: list[int]) -> str:
                     chance_metric = "exact_match" if metric.startswith("greedy") else metric
                     if metric == "greedy_first_token" and line == "uniform":
                         chance_metric = "token_accuracy"
-                    lines.append(f"| {label} | " + " | ".join(
-                        f"{by_m[str(m)][line][chance_metric]:.3f}" if str(m) in by_m else "" for m in multipliers) + " |")
+                    if metric == "greedy_exact_match_beyond_L":  # past the window a window model cannot answer
+                        cells = ["–" if m == 1 else ("0.000" if line == "window" else "≈ 0") for m in multipliers]
+                    else:
+                        cells = [f"{by_m[str(m)][line][chance_metric]:.3f}" if str(m) in by_m else "" for m in multipliers]
+                    lines.append(f"| {label} | " + " | ".join(cells) + " |")
             parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -522,7 +561,7 @@ def _order(entry: dict, metric: str, multipliers: list[int]) -> tuple:
     """Families by their score at the longest length they can be read at (best first, n/a last)."""
     for m in reversed(multipliers):
         cell = entry["lengths"][str(m)]
-        if "na" not in cell:
+        if "na" not in cell and not math.isnan(cell[metric]):
             return (-m, -cell[metric])
     return (0, 0.0)
 

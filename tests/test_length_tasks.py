@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -47,6 +48,10 @@ def test_the_bootstrap_interval_holds_the_rate_and_is_paired_across_runs():
     greedy = script.rates({**scores, "greedy_exact_match": np.array([0.0, 0.0, 1.0, 1.0]),
                            "greedy_first_token": np.array([1.0, 0.0, 1.0, 1.0])})
     assert greedy["greedy_exact_match"] == 0.5 and greedy["greedy_first_token"] == 0.75
+    # past the window: exact match of the beyond examples alone (two of them, one right); none beyond: undefined
+    past = script.rates({**scores, "greedy_exact_match": np.array([0.0, 1.0, 1.0, 1.0]), "beyond": np.array([1, 1, 0, 0])})
+    assert past["greedy_exact_match_beyond_L"] == 0.5
+    assert math.isnan(script.rates({**scores, "greedy_exact_match": np.ones(4), "beyond": np.zeros(4)})["greedy_exact_match_beyond_L"])
     boot = script.rates(scores, script.resamples(4, 500, seed=0))
     for metric in ("exact_match", "token_accuracy"):  # teacher-forced scores only (older results): no greedy keys
         low, high = script.interval(boot[metric])

@@ -117,3 +117,23 @@ def test_greedy_exact_match_is_teacher_forced_exact_match_on_a_partly_trained_mo
     right = forced.exact_match.numpy()
     assert (greedy["correct"][right] == forced.correct.double().numpy()[right]).all()
     assert (greedy["correct"] != forced.correct.double().numpy()).any()  # token counts differ: a wrong token derails
+
+
+def test_beyond_window_marks_the_examples_a_window_model_cannot_answer():
+    """A passkey whose needle lies before the last L tokens is beyond; one whose needle is within them is not (the
+    answer at t reads the input at t - 1, which sees t - L .. t - 1: the window_chance rule)."""
+    from pe_geometry.data.tasks import beyond_window, window_chance
+
+    batch = make_batch("passkey", 64, 128, 7, sizes="full", passkey_digits=5)
+    for window in (16, 32, 64):
+        beyond = beyond_window(batch, window)
+        positions = torch.arange(batch.blocks.shape[1])
+        for b in range(len(batch.blocks)):
+            answer = batch.answer_mask[b].nonzero().flatten()
+            farthest = int((positions[answer] - batch.sources[b, answer]).max())
+            assert bool(beyond[b]) == (farthest > window)
+        # a window model answers every example that is not beyond, and a beyond one only by guessing its unseen digits
+        # (at most 1/10 each): its exact match is the share within, plus at most a tenth of the rest
+        within = float((~beyond).double().mean())
+        assert within <= window_chance(batch, window)[1] <= within + 0.1 * (1 - within)
+    assert 0 < beyond_window(batch, 32).double().mean() < 1

@@ -345,6 +345,14 @@ def answer_accuracy(logits_or_predictions: Tensor, blocks: Tensor, answer_mask: 
     return AnswerAccuracy((right | ~scored).all(dim=1), right.sum(dim=1), scored.sum(dim=1))
 
 
+def beyond_window(batch: TaskBatch, window: int) -> Tensor:
+    """(B,) bool: the examples a model that sees only its last ``window`` tokens cannot answer, because some answer
+    token depends on a token further back (a passkey whose needle lies before the last ``window`` tokens). Scored on
+    these alone, exact match is retrieval past the window; a window model scores 0 there by construction."""
+    positions = torch.arange(batch.blocks.shape[1])
+    return ((positions - batch.sources > window) & batch.answer_mask).any(dim=1)
+
+
 def window_chance(batch: TaskBatch, window: int) -> tuple[float, float]:
     """(per-token accuracy, exact-match rate) expected of a model that answers right when the earliest token an answer
     depends on lies within the last ``window`` tokens it reads, and guesses uniformly over ``batch.alphabet``
