@@ -141,7 +141,7 @@ def rates(scores: dict[str, np.ndarray], index: np.ndarray | None = None) -> dic
     if "greedy_exact_match" in scores and "beyond" in scores:  # exact match of the examples past the window only
         right, past = scores["greedy_exact_match"], scores["beyond"].astype(float)
         if index is None:
-            beyond = {"greedy_exact_match_beyond_L": float((right * past).sum() / past.sum()) if past.sum() else math.nan}
+            beyond = {"greedy_exact_match_beyond_L": float((right * past).sum() / past.sum()) if past.sum() else None}
         else:
             with np.errstate(invalid="ignore", divide="ignore"):
                 beyond = {"greedy_exact_match_beyond_L": (right * past)[index].sum(axis=-1) / past[index].sum(axis=-1)}
@@ -160,11 +160,11 @@ def resamples(n_examples: int, draws: int, seed: int) -> np.ndarray:
 
 
 def interval(values: np.ndarray) -> list[float]:
-    """The 95 % percentile interval of bootstrap values (resamples without a value, NaN, left out; none: NaN)."""
+    """The 95 % percentile interval of bootstrap values (resamples without a value, NaN, left out; none: None)."""
     values = np.asarray(values, dtype=float)
     values = values[~np.isnan(values)]
     if not len(values):
-        return [math.nan, math.nan]
+        return [None, None]
     return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
 
 
@@ -188,7 +188,7 @@ def score_run(run_dir: Path, multipliers: list[int], n_examples: int, seed: int,
         written = scores.pop("written")
         boot = rates(scores, resamples(n_examples, draws, seed))
         entry = {"seq_len": m * settings["seq_len"], "examples": n_examples, **rates(scores),
-                 **{f"{metric}_ci": interval(boot[metric]) for metric in METRICS},
+                 **{f"{metric}_ci": interval(boot[metric]) for metric in METRICS if metric in boot},  # beyond L: with_beyond
                  "per_example": {k: v.astype(int).tolist() for k, v in scores.items()}, "written": written}
         if batch.depth is not None:
             entry["by_depth"] = [{"depth": d, "exact_match": None if math.isnan(r) else r, "examples": k}
@@ -305,6 +305,9 @@ def summarise(runs: list[dict], multipliers: list[int], draws: int, seed: int) -
             cell = {"seeds": len(entries)}
             for metric in (m for m in METRICS if all(m in e for e in entries)):
                 values = [e[metric] for e in entries]
+                if any(v is None for v in values):  # beyond L at 1x: no example lies past L
+                    cell |= {metric: None, f"{metric}_ci": [None, None], f"{metric}_min": None, f"{metric}_max": None}
+                    continue
                 boot = np.mean([rates({k: np.asarray(v, dtype=float) for k, v in e["per_example"].items()}, index)[metric]
                                 for e in entries], axis=0)
                 cell |= {metric: float(np.mean(values)), f"{metric}_ci": interval(boot),
@@ -377,7 +380,7 @@ def disagreeing(summary: dict, multipliers: list[int]) -> dict[str, list[str]]:
     for task, families in sorted(summary.items()):
         cell_of = {f: e["lengths"][str(multipliers[0])] for f, e in families.items()}
         due = [f for f, c in sorted(cell_of.items()) if "na" not in c and c["seeds"] < 5
-               and any(c[f"{m}_max"] - c[f"{m}_min"] > DISAGREE for m in METRICS if f"{m}_max" in c)]
+               and any(c[f"{m}_max"] - c[f"{m}_min"] > DISAGREE for m in METRICS if c.get(f"{m}_max") is not None)]
         if due:
             out[task] = due
     return out
@@ -407,7 +410,7 @@ def contrasts(runs: list[dict], pairs: list[tuple[str, str]], multiplier: int, t
         if (tasks is not None and r["task"] not in tasks) or (seeds is not None and r["seed"] not in seeds):
             continue
         cell = r["lengths"].get(str(multiplier), {})
-        if metric in cell:
+        if cell.get(metric) is not None:
             values[(r["task"], r["family"])][r["seed"]] = cell[metric]
     rows = []
     for arm, control in pairs:
@@ -487,7 +490,7 @@ def contrast_table(rows: list[dict]) -> str:
 def _cell(cell: dict, metric: str) -> str:
     if "na" in cell:
         return "n/a"
-    if math.isnan(cell[metric]):
+    if cell[metric] is None:  # no example of this length lies past L
         return "–"
     low, high = cell[f"{metric}_ci"]
     seeds = f"; seeds {cell[f'{metric}_min']:.2f}–{cell[f'{metric}_max']:.2f}" if cell["seeds"] > 1 else ""
@@ -561,7 +564,7 @@ def _order(entry: dict, metric: str, multipliers: list[int]) -> tuple:
     """Families by their score at the longest length they can be read at (best first, n/a last)."""
     for m in reversed(multipliers):
         cell = entry["lengths"][str(m)]
-        if "na" not in cell and not math.isnan(cell[metric]):
+        if "na" not in cell and cell[metric] is not None:
             return (-m, -cell[metric])
     return (0, 0.0)
 
