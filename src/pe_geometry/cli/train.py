@@ -97,21 +97,22 @@ def train_and_report(cfg: DictConfig, in_sweep: bool) -> float | None:
 
 
 def refuse_bad_values_early(cfg: DictConfig) -> None:
-    """A value the schema refuses (``model.dropout=2``, ``+pe.bsae=3``) answered in well under a second: the
-    constructors are read from their source (``check_schema(import_classes=False)``), before torch and Lightning
-    load (~9 CPU-s). The full check, after the imports, still runs in ``train`` (and on a resume, against the
-    checkpoint's config). A sweep's jobs are checked there, where a refused job is recorded and the sweep goes on."""
+    """A value that cannot work (``model.dropout=2``, ``+pe.bsae=3``, ``model.d_model=33`` with 4 heads) answered in
+    well under a second: the components' settings dataclasses are torch-free (``check_config(import_classes=False)``),
+    so this runs before torch and Lightning load (~9 CPU-s). The full check, after the imports, still runs in
+    ``train`` (and on a resume, against the checkpoint's config). A sweep's jobs are checked there, where a refused
+    job is recorded and the sweep goes on."""
     import copy
 
     from hydra.core.hydra_config import HydraConfig
 
     from pe_geometry.training.run_folder import remove_stub_run_dir
-    from pe_geometry.training.schema import SchemaError, check_schema
+    from pe_geometry.training.validate import ConfigError, check_config
 
     runtime = HydraConfig.get().runtime
     try:
-        check_schema(copy.deepcopy(cfg), dict(runtime.choices), import_classes=False)
-    except SchemaError as err:
+        check_config(copy.deepcopy(cfg), import_classes=False)
+    except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         remove_stub_run_dir(Path(runtime.output_dir), Path(runtime.cwd))
         sys.exit(2)

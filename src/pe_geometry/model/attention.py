@@ -30,7 +30,7 @@ sequences whose positions are unrelated. ``n_kv_heads`` and ``qk_norm`` apply to
 so each new token costs one query against the cache instead of a full forward pass.
 
 A data-dependent score bias (the Forgetting Transformer, model/forgetting.py) reads the layer's own input, so it has
-three optional hooks besides ``positional.py``'s four, called on an encoding that has them: ``layer_module()`` once per
+three more hooks besides ``positional.py``'s four (no-ops on its base class, which FoX overrides): ``layer_module()`` once per
 self-attention (the layer keeps what it returns as ``pe_layer``: its own gate weights), ``input_gates(x, pe_layer)``
 (B, H, T) per-token values of the layer input x (kept beside the keys in a ``KVCache``), and
 ``gate_bias(gates, T, causal)`` the (B, H, T, S) term they give the T queries over the S keys they see, added to the
@@ -51,14 +51,15 @@ one attribute test per call.
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from annotated_types import Ge, Gt
 from torch import Tensor, nn
 
 from pe_geometry.model.positional import PositionalEncoding
+from pe_geometry.settings import Sizes
+from pe_geometry.settings.attention import AttentionSettings
 
 
 class KVCache:
@@ -182,69 +183,39 @@ class MultiHeadAttention(nn.Module):
 
     recording: dict[str, Tensor | None] | None = None  # the hook points' values while recorded (module docstring)
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        pe: PositionalEncoding | None = None,
-        dropout: float = 0.0,
-        n_kv_heads: Annotated[int | None, Ge(1), "dividing model.n_heads; 1: multi-query", "null for model.n_heads"] = None,
-        qk_norm: bool = False,
-        qk_norm_scale: Annotated[float, Gt(0), "the learned temperature's start"] = 10.0,
-        window: Annotated[int | None, Ge(1), "positions a query sees", "null for all"] = None,
-        logn_scaling: bool = False,
-        training_length: Annotated[int | None, Ge(2), "the length trained at"] = None,
-    ) -> None:
+    Settings = AttentionSettings
+
+    def __init__(self, d_model: int, n_heads: int, pe: PositionalEncoding | None = None, dropout: float = 0.0,
+                 **settings: Any) -> None:
+        """``pe`` and ``dropout`` are the model's (passed by its blocks); ``settings``: ``AttentionSettings``'s keys."""
         super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        MultiHeadAttention.check_settings(
-            d_model, n_heads, seq_len=0, n_kv_heads=n_kv_heads, qk_norm_scale=qk_norm_scale, window=window,
-            logn_scaling=logn_scaling, training_length=training_length,
-        )
+        s = self.settings = self.Settings(**settings)  # each value's type and range, one line per bad one
+        s.check(Sizes(d_model, n_heads))
         self.n_heads, self.d_head = n_heads, d_model // n_heads
-        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.n_kv_heads = n_heads if s.n_kv_heads is None else s.n_kv_heads
         self.q = nn.Linear(d_model, d_model)
         self.kv = nn.Linear(d_model, 2 * self.n_kv_heads * self.d_head)
         self.o = nn.Linear(d_model, d_model)
         self.pe = pe if pe is not None else PositionalEncoding(d_model, n_heads)
         self.dropout = dropout
-        self.qk_norm = qk_norm
+        self.qk_norm = s.qk_norm
         # tau_h: the logit of a query and a key pointing the same way (a 1-d parameter: no weight decay)
-        self.qk_temperature = nn.Parameter(torch.full((n_heads,), float(qk_norm_scale))) if qk_norm else None
-        self.window, self.logn_scaling, self.training_length = window, logn_scaling, training_length
+        self.qk_temperature = nn.Parameter(torch.full((n_heads,), float(s.qk_norm_scale))) if s.qk_norm else None
+        self.window, self.logn_scaling, self.training_length = s.window, s.logn_scaling, s.training_length
         # a data-dependent encoding's weights for this layer (FoX's forget gate: module docstring), owned here so that
         # every layer has its own; None for every other encoding and for a cross-attention
-        layer_module = getattr(self.pe, "layer_module", None)
-        self.pe_layer = layer_module() if layer_module is not None else None
+        self.pe_layer = self.pe.layer_module()
 
     @classmethod
-    def check_settings(
-        cls, d_model: int, n_heads: int, seq_len: int, n_kv_heads: int | None = None, qk_norm_scale: float = 10.0,
-        window: int | None = None, logn_scaling: bool = False, training_length: int | None = None, **settings
-    ) -> None:
-        """Raise ValueError (one line naming the config key) for settings that cannot work with these sizes."""
-        if n_kv_heads is not None and (n_kv_heads < 1 or n_heads % n_kv_heads):
-            divisors = [h for h in range(1, n_heads + 1) if n_heads % h == 0]
-            raise ValueError(f"attention.n_kv_heads={n_kv_heads} must divide model.n_heads={n_heads} (each key/value head "
-                             f"serves n_heads/n_kv_heads query heads); valid: {divisors} or null")
-        if not qk_norm_scale > 0:
-            raise ValueError(f"attention.qk_norm_scale={qk_norm_scale} must be > 0 (the temperature's start)")
-        if window is not None and window < 1:
-            raise ValueError(f"attention.window={window} must be a positive number of positions, or null for all")
-        if logn_scaling and (training_length is None or training_length < 2):
-            raise ValueError(f"attention.logn_scaling=true needs attention.training_length >= 2 (the length the model "
-                             f"was trained at; log n / log training_length), got {'null' if training_length is None else training_length}")
+    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, **settings: Any) -> None:
+        """``SettingsError`` (one line naming the config key) for settings that cannot work with these sizes."""
+        cls.Settings(**settings).check(Sizes(d_model, n_heads, seq_len))
 
     @classmethod
-    def settings_warnings(
-        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", window: int | None = None, **settings
-    ) -> list[str]:
+    def settings_warnings(cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true",
+                          **settings: Any) -> list[str]:
         """Lines to warn with (one each) when a setting works but does not fit this run."""
-        if window is not None and window >= seq_len:
-            return [f"attention.window={window} is at least data.seq_len={seq_len}: in training every query sees all its "
-                    "keys; the window acts only on longer texts"]
-        return []
+        return cls.Settings(**settings).warnings(Sizes(d_model, n_heads, seq_len), precision)
 
     # Per-head weights by plain names, in TransformerLens shapes (views of the packed nn.Linear weights, which
     # compute x @ weight.T): head h's query is x @ W_Q[h] + b_Q[h], and its output adds z_h @ W_O[h] (+ b_O once).
@@ -346,9 +317,8 @@ class MultiHeadAttention(nn.Module):
 
     def _input_gates(self, x: Tensor) -> Tensor | None:
         """The encoding's per-token values (B, H, T) read from this layer's input x (B, T, D) with its ``pe_layer``
-        (FoX's log forget gates), or None for an encoding without the ``input_gates`` hook."""
-        hook = getattr(self.pe, "input_gates", None)
-        return None if hook is None else hook(x, self.pe_layer)
+        (FoX's log forget gates), or None (every other encoding: the base class's no-op)."""
+        return self.pe.input_gates(x, self.pe_layer)
 
     def _hook(self, **points: Tensor | None) -> None:
         """Store the named hook points (detached) in ``recording``: those among its keys (the points asked for)."""

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from torch import Tensor, nn
+
+from pe_geometry.settings.model import EmbeddingSettings
 
 INIT_STD = 0.02  # std of every weight matrix's normal init (GPT-2); LanguageModel applies it to E
 
@@ -16,11 +19,14 @@ class TokenEmbedding(nn.Module):
     ``scale`` is the factor actually applied, so analysis can measure what is added.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, scaled: bool = False, tie_weights: bool = True) -> None:
+    Settings = EmbeddingSettings
+
+    def __init__(self, vocab_size: int, d_model: int, **settings: Any) -> None:
         super().__init__()
+        self.settings = self.Settings(**settings)
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.scale = math.sqrt(d_model) if scaled else 1.0
-        self.tie_weights = tie_weights
+        self.scale = math.sqrt(d_model) if self.settings.scaled else 1.0
+        self.tie_weights = self.settings.tie_weights
 
     @property
     def weight(self) -> Tensor:

@@ -42,18 +42,15 @@ paper's code exempts its gate biases.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_geometry.model.embedding import INIT_STD
-from pe_geometry.model.positional import Base, PositionalEncoding, RandomizedPositions, RotaryPE
-
-CAUSAL_ONLY = ("the Forgetting Transformer is causal only: its bias sums the log forget gates from a key up to its query, "
-               "left to right, and a bidirectional stack (model=encoder, the encoder of model=encoder_decoder) has keys "
-               "after the query; it works with model=decoder")
+from pe_geometry.model.positional import PositionalEncoding, RotaryPE
+from pe_geometry.settings.positional import ForgettingSettings
 
 
 class ForgetGate(nn.Module):
@@ -80,30 +77,17 @@ class ForgettingPE(PositionalEncoding):
     ``gate_bias_init``: every gate's bias b at init, f = sigmoid(b) (5: f = 0.9933; the paper's code: 0, f = 0.5).
     """
 
-    no_position_ids = "its decay is counted in tokens by the forget gates, not read from position ids"
-    causal_only = True  # refuses a bidirectional stack (check_causal); training/validate.py asks before building
+    Settings = ForgettingSettings  # causal_only: a bidirectional stack is refused (training/validate.py asks first)
 
-    def __init__(
-        self, d_model: int, n_heads: int, rotary: bool = False, base: Base = 10000.0,
-        gate_bias_init: Annotated[float, "f = sigmoid(b) at init; 5: f = 0.993, the paper's code 0: f = 0.5"] = 5.0,
-        randomize_positions: RandomizedPositions = None,
-    ) -> None:
-        super().__init__(d_model, n_heads, randomize_positions)
-        self.check_settings(d_model, n_heads, seq_len=0, rotary=rotary)
-        self.gate_bias_init = float(gate_bias_init)
-        self.rope = RotaryPE(d_model, n_heads, base=base) if rotary else None
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
+        self.gate_bias_init = float(self.settings.gate_bias_init)
+        self.rope = RotaryPE(d_model, n_heads, base=self.settings.base) if self.settings.rotary else None
         self._causal = True
 
-    @classmethod
-    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, rotary: bool = False, **settings) -> None:
-        if rotary:
-            RotaryPE.check_settings(d_model, n_heads, seq_len)
-
-    @classmethod
-    def check_causal(cls, causal: bool) -> None:
+    def check_causal(self, causal: bool) -> None:
         """ValueError (one line) for a bidirectional stack (``causal`` False): the gate bias is causal only."""
-        if not causal:
-            raise ValueError(CAUSAL_ONLY)
+        self.settings.check_causal(causal)
 
     @property
     def causal(self) -> bool:  # type: ignore[override]

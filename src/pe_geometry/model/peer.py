@@ -43,20 +43,19 @@ end-of-training text sample, and ``analysis.position_attention`` refuses it in o
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 import torch
-from annotated_types import Ge, Interval
 from torch import Tensor, nn
 
 from pe_geometry.extras import needs_extra
 from pe_geometry.model.transformer import LanguageModel
+from pe_geometry.settings.base import defaults
+from pe_geometry.settings.model import PeerSettings
 
 with needs_extra("peer", "model=xtransformers"):
     from x_transformers import Decoder, TransformerWrapper
-
-PeerFamily = Literal["rope", "xpos", "alibi", "t5_bias", "cope", "none", "dynamic_bias"]
 
 # model.peer_pe -> x-transformers' Decoder keywords that switch the family on ({d_head}: the head width)
 PEER_FLAGS: dict[str, dict[str, Any]] = {
@@ -80,38 +79,21 @@ class XTransformersLM(nn.Module):
     objective = "next-token"
     peer = PEER
 
-    def __init__(
-        self,
-        vocab_size: int,
-        peer_pe: PeerFamily = "rope",
-        d_model: Annotated[int, Ge(1)] = 128,
-        n_heads: Annotated[int, Ge(1)] = 4,
-        n_layers: Annotated[int, Ge(1)] = 4,
-        d_ff: Annotated[int | None, Ge(1), "null for 4 * d_model"] = None,
-        dropout: Annotated[float, Interval(ge=0, lt=1), "a probability"] = 0.0,
-        norm: Literal["pre", "post"] = "pre",
-        pe: Callable[..., Any] | None = None,
-        embedding: Callable[..., Any] | None = None,
-        attention: Callable[..., Any] | None = None,
-    ) -> None:
+    Settings = PeerSettings
+
+    def __init__(self, vocab_size: int, pe: Any = None, embedding: Any = None, attention: Any = None,
+                 **settings: Any) -> None:
         """``pe``, ``embedding``, ``attention``: the factories our pipeline builds from those groups (None: as if
-        pe=none, embedding=plain, attention=sdpa); ``check_parts`` refuses any that x-transformers would not honour."""
+        pe=none, embedding=plain, attention=sdpa); ``check_parts`` refuses any that x-transformers would not honour.
+        ``settings``: ``PeerSettings``'s keys."""
         super().__init__()
-        if peer_pe not in PEER_FLAGS:
-            raise ValueError(f"model.peer_pe={peer_pe!r}; valid: {list(PEER_FLAGS)}")
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        if norm not in ("pre", "post"):
-            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
-        d_ff = d_ff or 4 * d_model
-        if int(d_model * (d_ff / d_model)) != d_ff:  # x-transformers' width: int(dim * ff_mult)
-            raise ValueError(f"model.d_ff={d_ff}: x-transformers sets the MLP width as int(d_model * ff_mult), which cannot "
-                             f"reach {d_ff} at d_model={d_model}; choose a multiple of d_model")
+        s = self.settings = self.Settings(**settings)
+        peer_pe, d_model, n_heads, n_layers = s.peer_pe, s.d_model, s.n_heads, s.n_layers
         tie = self.check_parts(*_parts(pe, embedding, attention))
         self.vocab_size, self.d_model, self.n_heads, self.n_layers = vocab_size, d_model, n_heads, n_layers
         self.peer_pe, self.d_head = peer_pe, d_model // n_heads
         self.tie_weights = tie
-        kwargs = self.wrapper_kwargs(vocab_size, peer_pe, d_model, n_heads, n_layers, d_ff, dropout, norm, tie)
+        kwargs = self.wrapper_kwargs(vocab_size, peer_pe, d_model, n_heads, n_layers, s.mlp_width, s.dropout, s.norm, tie)
         # x-transformers ties the head with a closure over the wrapper (logits = h @ E^T * tie_embedding_scale), which a
         # deepcopy (the FLOPs count's meta copy) would share with the original and pickle cannot take: its own
         # bias-free head with E's parameter is the same function
@@ -163,9 +145,8 @@ class XTransformersLM(nn.Module):
             tie = bool(settings.get("tie_weights", True))
         if attention is not None:
             cls, settings = attention
-            defaults = {name: p.default for name, p in inspect.signature(cls).parameters.items()
-                        if p.default is not inspect.Parameter.empty}
-            changed = sorted(k for k, v in settings.items() if k in defaults and k != "training_length" and v != defaults[k])
+            default = defaults(cls.Settings) if hasattr(cls, "Settings") else {}
+            changed = sorted(k for k, v in settings.items() if k in default and k != "training_length" and v != default[k])
             if changed:
                 raise ValueError(f"model=xtransformers builds x-transformers' own attention: "
                                  f"{', '.join(f'attention.{k}' for k in changed)} would be ignored; leave "

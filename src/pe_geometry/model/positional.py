@@ -29,8 +29,11 @@ an encoding whose form differs by direction (T5's buckets) reads it.
 ``finish_init(embedding)`` is called once by the model after its own weight init,
 with the final word embedding: an encoding whose table depends on the embedding
 (a table inside its principal subspace, a table at the word norm) sets it there.
-``check_settings`` refuses settings that cannot work (one line naming the key);
-``settings_warnings`` returns the lines to warn with when a setting works but does not fit the run.
+Each encoding's settings are a torch-free dataclass (``pe_geometry.settings.positional``), its ``Settings``: the one
+source of their defaults, types and ranges, and of the checks that need the model's sizes. The class takes them as
+keywords (``RotaryPE(d_model, n_heads, base=500.0)``) and keeps them as ``self.settings``.
+Three more hooks, with no-op defaults here, serve an encoding that computes per-token values inside each layer (FoX,
+``forgetting.py``): ``layer_module()``, ``input_gates(x, layer)``, ``gate_bias(gates, q_len, causal)``.
 
 Randomised positions (Ruoss et al. 2023), ``randomize_positions=N``: while training, each sequence of a batch reads
 its T tokens at a sorted random subset of T distinct positions of [0, N) (``draw_positions``, from torch's global
@@ -38,34 +41,46 @@ generator, which a checkpoint saves), so a model trained at length T has seen po
 (and in cached decoding) the positions are the plain 0 .. T-1. The stack draws them once per forward and hands
 them to every hook as ``positions`` (B, T): the input term of each drawn position (B, T, D), RoPE's angle
 pos_t * theta_i, and for the score biases the differences of the drawn ids (B, H, T, T). Every family that reads
-position ids takes it (``takes_position_ids``); NoPE (none) and CoPE (counts of gated keys) refuse it.
+position ids takes it (its settings' ``takes_position_ids``); NoPE (none) and CoPE (counts of gated keys) refuse it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from annotated_types import Ge, Gt, Interval
 from torch import Tensor, nn
 
 from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
+from pe_geometry.settings import Sizes
+from pe_geometry.settings.positional import (  # noqa: F401  (the constants: re-exported for callers of this module)
+    LEARNED_INITS,
+    MAX_LEARNED_POSITIONS,
+    MAX_RANDOMIZED_POSITIONS,
+    PARTIAL_ROTARY_STYLES,
+    ROPE_SCALINGS,
+    SINUSOIDAL_SCALES,
+    YARN_RAMPS,
+    ALiBiSettings,
+    CoPESettings,
+    EncodingSettings,
+    FireSettings,
+    KerpleSettings,
+    LearnedSettings,
+    NoPESettings,
+    RotarySettings,
+    RotationSettings,
+    SinusoidalSettings,
+    T5BiasSettings,
+    XPosSettings,
+    randomizable_families,
+    rotary_dims,
+)
 
-SINUSOIDAL_SCALES = ("none", "word_norm")
-LEARNED_INITS = ("normal", "mixed")
-# A learned table of more rows than this is a typo (pe.max_len=1e9 asked torch for 128 GB), not a plan.
-MAX_LEARNED_POSITIONS = 1 << 20
-# The annotations below are the config's schema (pe_geometry.signatures): type, range and doc of each key.
-Positions = Annotated[int, Interval(ge=1, le=MAX_LEARNED_POSITIONS)]
-Base = Annotated[float, Gt(1)]
-# Each block draws its ids from a random permutation of [0, N) (B x N floats sorted): a bound keeps that in memory.
-MAX_RANDOMIZED_POSITIONS = 1 << 20
-RandomizedPositions = Annotated[int | None, Interval(ge=0, le=MAX_RANDOMIZED_POSITIONS),
-                                "positions drawn from in training; 0: off", "null for off"]
-# The pe= options whose class reads position ids, so takes ``randomize_positions`` (tests hold it to the classes).
-RANDOMIZABLE_FAMILIES = ("sinusoidal", "learned", "rope", "xpos", "alibi", "t5_bias", "fire", "kerple")
+# The pe= options whose class reads position ids, so takes ``randomize_positions`` (from each family's settings).
+RANDOMIZABLE_FAMILIES = tuple(randomizable_families())
 
 
 def random_positions(batch_size: int, seq_len: int, n_positions: int, device: torch.device | None = None) -> Tensor:
@@ -79,35 +94,25 @@ def random_positions(batch_size: int, seq_len: int, n_positions: int, device: to
 
 
 class PositionalEncoding(nn.Module):
-    """Base class: a no-op in every hook. Subclasses override what they use."""
+    """Base class: a no-op in every hook. Subclasses override what they use, and name their settings (``Settings``)."""
 
+    Settings: ClassVar[type[EncodingSettings]] = EncodingSettings
     causal: bool = False  # set by the stack that owns the encoding (a decoder's: True)
     shuffle: bool = False  # True: each sequence reads the input term's rows in its own random order (a control)
-    takes_position_ids: bool = False  # True: its hooks read ``positions``, so it takes ``randomize_positions``
-    no_position_ids = "it reads no position ids"  # why not, in the refusal's words
 
-    def __init__(self, d_model: int, n_heads: int, randomize_positions: RandomizedPositions = None) -> None:
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
         super().__init__()
         self.d_model = d_model
         self.n_heads = n_heads
-        _refuse_randomized_positions(type(self), randomize_positions)
-        self.randomize_positions = randomize_positions or None  # N, or None: plain positions
+        self.settings = self.Settings(**settings)  # each value's type and range, one line per bad one
+        self.settings.check(Sizes(d_model, n_heads))  # what needs the sizes (the training length is checked by the run)
+        self.randomize_positions = self.settings.randomize_positions or None  # N, or None: plain positions
 
     @classmethod
-    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, **settings) -> None:
-        """Raise ValueError (one line naming the config keys) if this encoding cannot work with these sizes.
-
-        ``settings`` are the encoding's own config keys (``max_len``, ``base``, ...); the base accepts anything.
-        """
-
-    @classmethod
-    def check_position_ids(cls, seq_len: int, randomize_positions: int | None = None, **settings) -> None:
-        """Raise ValueError (one line) if ``randomize_positions`` cannot work: an encoding that reads no position ids,
-        or fewer positions than a block has tokens (each block draws ``seq_len`` distinct ones)."""
-        _refuse_randomized_positions(cls, randomize_positions)
-        if randomize_positions and randomize_positions < seq_len:
-            raise ValueError(f"pe.randomize_positions={randomize_positions} must be at least data.seq_len={seq_len}: "
-                             f"each block draws data.seq_len distinct positions of [0, pe.randomize_positions)")
+    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, **settings: Any) -> None:
+        """``SettingsError`` (a ValueError, one line naming the config keys) if these settings cannot work with these
+        sizes: the settings dataclass's own checks."""
+        cls.Settings(**settings).check(Sizes(d_model, n_heads, seq_len))
 
     def draw_positions(self, batch_size: int, seq_len: int, device: torch.device | None = None) -> Tensor | None:
         """The position ids of a full pass: (B, T) drawn by ``random_positions`` while training with
@@ -117,11 +122,10 @@ class PositionalEncoding(nn.Module):
         return random_positions(batch_size, seq_len, self.randomize_positions, device)
 
     @classmethod
-    def settings_warnings(
-        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", **settings
-    ) -> list[str]:
-        """Lines to warn with (one each) when a setting works but does not fit this run; the base has none."""
-        return []
+    def settings_warnings(cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true",
+                          **settings: Any) -> list[str]:
+        """Lines to warn with (one each) when a setting works but does not fit this run."""
+        return cls.Settings(**settings).warnings(Sizes(d_model, n_heads, seq_len), precision)
 
     def finish_init(self, embedding: TokenEmbedding) -> None:
         """Called once after the model's weight init (E is final, tied or not); the default does nothing."""
@@ -161,19 +165,24 @@ class PositionalEncoding(nn.Module):
         """The (max_len, D) table added to the input, if this encoding has one."""
         return None
 
+    # An encoding that computes per-token values inside each layer (FoX's forget gates, forgetting.py) overrides these.
+    def layer_module(self) -> nn.Module | None:
+        """A new self-attention layer's own weights (kept by the layer as ``pe_layer``), or None."""
+        return None
 
-def _refuse_randomized_positions(cls: type, randomize_positions: int | None) -> None:
-    """ValueError (one line naming the families that take it) for ``randomize_positions`` on an encoding without ids."""
-    if randomize_positions and not cls.takes_position_ids:
-        raise ValueError(f"pe.randomize_positions={randomize_positions} draws position ids, and {cls.__name__} has none "
-                         f"({cls.no_position_ids}); the families that take it: "
-                         f"pe={', '.join(RANDOMIZABLE_FAMILIES)}")
+    def input_gates(self, x: Tensor, layer: nn.Module | None) -> Tensor | None:
+        """Per-token values (B, H, T) float32 read from a layer's input x (B, T, D) by its ``pe_layer``, or None."""
+        return None
+
+    def gate_bias(self, gates: Tensor, q_len: int, causal: bool) -> Tensor | None:
+        """The score term (B, H, Tq, S) the values of ``input_gates`` give the last Tq of S tokens, or None."""
+        return None
 
 
 class NoPE(PositionalEncoding):
     """No positional information at all (Kazemnejad et al. 2023)."""
 
-    no_position_ids = "no positional encoding"
+    Settings = NoPESettings
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -204,26 +213,15 @@ class SinusoidalPE(PositionalEncoding):
     at d_model 64). Both are fixed once at init, so rows added later get the same shift and factor.
     """
 
-    takes_position_ids = True
+    Settings = SinusoidalSettings
 
-    def __init__(self, d_model: int, n_heads: int, max_len: Positions = 512,
-                 scale: Literal[SINUSOIDAL_SCALES] = "none", center: bool = False,
-                 randomize_positions: RandomizedPositions = None) -> None:
-        super().__init__(d_model, n_heads, randomize_positions)
-        if scale not in SINUSOIDAL_SCALES:
-            raise ValueError(f"pe.scale={scale!r}; valid: {list(SINUSOIDAL_SCALES)}")
-        self.scale, self.center = scale, center
-        raw = sinusoidal_table(max_len, d_model)
-        self.register_buffer("offset", raw.mean(0) if center else torch.zeros(d_model), persistent=False)  # (D,)
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
+        self.scale, self.center = self.settings.scale, self.settings.center
+        raw = sinusoidal_table(self.settings.max_len, d_model)
+        self.register_buffer("offset", raw.mean(0) if self.center else torch.zeros(d_model), persistent=False)  # (D,)
         self.factor = 1.0  # set by finish_init when scale="word_norm" (it needs the embedding's scale)
         self.register_buffer("table", raw - self.offset, persistent=False)
-
-    @classmethod
-    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, scale: str = "none", **settings) -> None:
-        if d_model % 2:
-            raise ValueError(f"sinusoidal PE needs an even model.d_model (sin/cos pairs), got {d_model}")
-        if scale not in SINUSOIDAL_SCALES:
-            raise ValueError(f"pe.scale={scale!r}; valid: {list(SINUSOIDAL_SCALES)}")
 
     def finish_init(self, embedding: TokenEmbedding) -> None:
         if self.scale == "word_norm":
@@ -267,22 +265,13 @@ class LearnedPE(PositionalEncoding):
     reproducible: it is a control arm, not a model to sample from.
     """
 
-    takes_position_ids = True
+    Settings = LearnedSettings
 
-    def __init__(
-        self, d_model: int, n_heads: int,
-        max_len: Annotated[Positions, "rows of the learned table"] = 512,
-        init: Literal[LEARNED_INITS] = "normal",  # mixed: start inside E's top-init_k principal subspace
-        init_k: Annotated[int, Ge(1)] = 8,
-        freeze: bool = False,  # the table is not trained (stays at its init; a control)
-        shuffle: bool = False,  # each sequence reads the rows in a random order (a control)
-        randomize_positions: RandomizedPositions = None,
-    ) -> None:
-        super().__init__(d_model, n_heads, randomize_positions)
-        self.check_settings(d_model, n_heads, seq_len=0, max_len=max_len, init=init, init_k=init_k)
-        self.check_position_ids(0, randomize_positions, max_len=max_len, shuffle=shuffle)
-        self.max_len, self.init, self.init_k, self.shuffle = max_len, init, init_k, shuffle
-        self.weight = nn.Parameter(torch.randn(max_len, d_model) * INIT_STD, requires_grad=not freeze)
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
+        s = self.settings
+        self.max_len, self.init, self.init_k, self.shuffle = s.max_len, s.init, s.init_k, s.shuffle
+        self.weight = nn.Parameter(torch.randn(s.max_len, d_model) * INIT_STD, requires_grad=not s.freeze)
 
     @torch.no_grad()
     def finish_init(self, embedding: TokenEmbedding) -> None:
@@ -293,32 +282,6 @@ class LearnedPE(PositionalEncoding):
         coefficients = torch.randn(self.max_len, self.init_k, dtype=torch.float64, device=E.device)
         mixed = coefficients @ Vh[: self.init_k] * (INIT_STD * math.sqrt(self.d_model / self.init_k))
         self.weight.copy_(mixed.to(self.weight.dtype))
-
-    @classmethod
-    def check_settings(
-        cls, d_model: int, n_heads: int, seq_len: int, max_len: int = 512, init: str = "normal", init_k: int = 8, **settings
-    ) -> None:
-        if init not in LEARNED_INITS:
-            raise ValueError(f"pe.init={init!r}; valid: {list(LEARNED_INITS)}")
-        if not 1 <= init_k <= d_model:
-            raise ValueError(f"pe.init_k={init_k} must be between 1 and model.d_model={d_model}")
-        if seq_len > max_len:
-            raise ValueError(
-                f"data.seq_len={seq_len} is longer than the learned position table (pe.max_len={max_len}); "
-                "raise pe.max_len or shorten data.seq_len"
-            )
-
-    @classmethod
-    def check_position_ids(cls, seq_len: int, randomize_positions: int | None = None, max_len: int = 512,
-                           shuffle: bool = False, **settings) -> None:
-        super().check_position_ids(seq_len, randomize_positions)
-        if randomize_positions and randomize_positions > max_len:
-            raise ValueError(f"pe.randomize_positions={randomize_positions} is past the learned position table "
-                             f"(pe.max_len={max_len}): positions are drawn from [0, pe.randomize_positions); raise "
-                             "pe.max_len or lower pe.randomize_positions")
-        if randomize_positions and shuffle:
-            raise ValueError(f"pe.randomize_positions={randomize_positions} with pe.shuffle=true: the shuffle control "
-                             "already reads the rows in a random order; choose one")
 
     def input_term(self, seq_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
         if positions is not None:  # drawn below pe.randomize_positions <= max_len (check_position_ids)
@@ -340,23 +303,9 @@ class LearnedPE(PositionalEncoding):
         return self.weight
 
 
-ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
-# Which frequencies a partial rotation (rotary_fraction < 1) gives its rotating pairs: GPT-NeoX's (over the rotated
-# dims) or p-RoPE's (full RoPE's over d_head, the lowest-frequency pairs dropped).
-PARTIAL_ROTARY_STYLES = ("neox", "p_rope")
-# YaRN's ramp between interpolated and kept pairs: linear in the turns r_i (the paper's gamma(r)), or linear in the
-# pair index between whole pairs (the official code's and transformers' find_correction_range / linear_ramp_factor).
-YARN_RAMPS = ("turns", "dims")
-RotaryFraction = Annotated[float, Interval(gt=0, le=1), "of each head's dims that rotate"]
-PartialRotary = Literal[PARTIAL_ROTARY_STYLES]
 # YaRN's defaults for Llama (Peng et al. 2023): alpha 1, beta 32 rotations within a 4096-token training length,
 # RoPE base 10000. They are rescaled to a run's training length and base by ``yarn_thresholds``.
 YARN_REFERENCE = {"training_length": 4096, "base": 10000.0, "alpha": 1.0, "beta": 32.0}
-
-
-def rotary_dims(d_head: int, rotary_fraction: float) -> int:
-    """How many of a head's ``d_head`` dims rotate: round(rotary_fraction * d_head) (even and >= 2 for RoPE)."""
-    return int(round(rotary_fraction * d_head))
 
 
 def yarn_thresholds(training_length: int, base: float) -> tuple[float, float]:
@@ -422,90 +371,32 @@ class RotaryPE(PositionalEncoding):
     Angles are computed in float64 and applied in the activations' dtype (float32 tables cast once).
     """
 
-    takes_position_ids = True
+    Settings = RotarySettings
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        base: Base = 10000.0,
-        scaling: Literal[ROPE_SCALINGS] = "none",  # stretched at inference (no weight changes)
-        scaling_factor: Annotated[float, Ge(1), "times the training length"] = 1.0,
-        training_length: Annotated[int | None, Ge(1), "the length trained at"] = None,
-        yarn_alpha: Annotated[float | None, Ge(0), "null for the rescaled default"] = None,
-        yarn_beta: Annotated[float | None, Gt(0), "null for the rescaled default"] = None,
-        yarn_attention_factor: Annotated[float | None, Gt(0), "null for 0.1 ln(s) + 1"] = None,
-        yarn_ramp: Literal[YARN_RAMPS] = "turns",  # linear in a pair's turns (the paper) or in its index (the code)
-        low_freq_factor: Annotated[float, Gt(0), "llama3: turns below it interpolated"] = 1.0,
-        high_freq_factor: Annotated[float, Gt(0), "llama3: turns above it kept"] = 4.0,
-        rotary_fraction: RotaryFraction = 1.0,
-        partial_rotary: PartialRotary = "neox",
-        randomize_positions: RandomizedPositions = None,
-    ) -> None:
-        super().__init__(d_model, n_heads, randomize_positions)
-        RotaryPE.check_settings(  # RoPE's own keys (a subclass checks its own)
-            d_model, n_heads, seq_len=0, base=base, scaling=scaling, scaling_factor=scaling_factor,
-            training_length=training_length, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, yarn_ramp=yarn_ramp,
-            low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor, rotary_fraction=rotary_fraction,
-            partial_rotary=partial_rotary,
-        )
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
+        s = self.settings
+        # xPos (a subclass) rotates as RoPE does, never scaled: its settings have no scaling keys
+        scaled = s if isinstance(s, RotarySettings) else RotarySettings()
         d_head = d_model // n_heads
-        self.base, self.d_head = base, d_head
-        self.rotary_fraction, self.partial_rotary = float(rotary_fraction), partial_rotary
-        self.rotary_dims = rotary_dims(d_head, rotary_fraction)
-        self.scaling, self.scaling_factor, self.training_length = scaling, float(scaling_factor), training_length
-        self.yarn_ramp = yarn_ramp
-        self.low_freq_factor, self.high_freq_factor = float(low_freq_factor), float(high_freq_factor)
-        if scaling == "yarn":
-            default_alpha, default_beta = yarn_thresholds(training_length, base)
-            self.yarn_alpha = default_alpha if yarn_alpha is None else float(yarn_alpha)
-            self.yarn_beta = default_beta if yarn_beta is None else float(yarn_beta)
+        self.base, self.d_head = s.base, d_head
+        self.rotary_fraction, self.partial_rotary = float(s.rotary_fraction), s.partial_rotary
+        self.rotary_dims = rotary_dims(d_head, s.rotary_fraction)
+        self.scaling, self.scaling_factor = scaled.scaling, float(scaled.scaling_factor)
+        self.training_length = scaled.training_length
+        self.yarn_ramp = scaled.yarn_ramp
+        self.low_freq_factor, self.high_freq_factor = float(scaled.low_freq_factor), float(scaled.high_freq_factor)
+        if self.scaling == "yarn":
+            default_alpha, default_beta = yarn_thresholds(self.training_length, self.base)
+            self.yarn_alpha = default_alpha if scaled.yarn_alpha is None else float(scaled.yarn_alpha)
+            self.yarn_beta = default_beta if scaled.yarn_beta is None else float(scaled.yarn_beta)
             default_factor = 0.1 * math.log(self.scaling_factor) + 1.0 if self.scaling_factor > 1 else 1.0
-            self.attention_factor = default_factor if yarn_attention_factor is None else float(yarn_attention_factor)
+            factor = scaled.yarn_attention_factor
+            self.attention_factor = default_factor if factor is None else float(factor)
         else:
             self.attention_factor = 1.0
         self.register_buffer("inv_freq", self.frequencies(0).float(), persistent=False)
         self._cache: tuple[int, Tensor, torch.device, Tensor, Tensor] | None = None
-
-    @classmethod
-    def check_settings(
-        cls, d_model: int, n_heads: int, seq_len: int, scaling: str = "none", scaling_factor: float = 1.0,
-        training_length: int | None = None, yarn_alpha: float | None = None, yarn_beta: float | None = None,
-        yarn_ramp: str = "turns", low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
-        rotary_fraction: float = 1.0, partial_rotary: str = "neox", **settings
-    ) -> None:
-        d_head = d_model // n_heads
-        if d_head % 2:
-            raise ValueError(
-                f"RoPE needs an even head dimension, got model.d_model/model.n_heads = {d_model}/{n_heads} = {d_head}"
-            )
-        if not 0 < rotary_fraction <= 1:
-            raise ValueError(f"pe.rotary_fraction={rotary_fraction} must be in (0, 1] (the share of each head's dims "
-                             "that rotate)")
-        rotating = rotary_dims(d_head, rotary_fraction)
-        if rotating % 2 or rotating < 2:
-            raise ValueError(f"pe.rotary_fraction={rotary_fraction} rotates round({rotary_fraction} x {d_head}) = "
-                             f"{rotating} of the {d_head} dims of a head (model.d_model/model.n_heads = "
-                             f"{d_model}/{n_heads}); RoPE needs an even number >= 2")
-        if partial_rotary not in PARTIAL_ROTARY_STYLES:
-            raise ValueError(f"pe.partial_rotary={partial_rotary!r}; valid: {list(PARTIAL_ROTARY_STYLES)}")
-        if scaling not in ROPE_SCALINGS:
-            raise ValueError(f"pe.scaling={scaling!r}; valid: {list(ROPE_SCALINGS)}")
-        if scaling_factor < 1:
-            raise ValueError(f"pe.scaling_factor={scaling_factor} must be >= 1 (how many times the training length)")
-        if scaling in ("ntk", "dynamic_ntk") and rotating < 4:
-            raise ValueError(f"pe.scaling={scaling} needs >= 4 rotating dims per head (base^(d/(d-2))), got {rotating} "
-                             f"(model.d_model/model.n_heads = {d_model}/{n_heads}, pe.rotary_fraction={rotary_fraction})")
-        if scaling in ("dynamic_ntk", "yarn", "llama3") and (training_length is None or training_length < 1):
-            raise ValueError(f"pe.scaling={scaling} needs pe.training_length >= 1 (the length the model was trained at), "
-                             f"got {training_length}")
-        if yarn_alpha is not None and yarn_beta is not None and not 0 <= yarn_alpha < yarn_beta:
-            raise ValueError(f"pe.yarn_alpha={yarn_alpha} and pe.yarn_beta={yarn_beta} must satisfy 0 <= alpha < beta")
-        if yarn_ramp not in YARN_RAMPS:
-            raise ValueError(f"pe.yarn_ramp={yarn_ramp!r}; valid: {list(YARN_RAMPS)}")
-        if scaling == "llama3" and not 0 < low_freq_factor < high_freq_factor:
-            raise ValueError(f"pe.low_freq_factor={low_freq_factor} and pe.high_freq_factor={high_freq_factor} must "
-                             "satisfy 0 < low < high (turns within pe.training_length)")
 
     @property
     def frequency_dims(self) -> int:
@@ -616,54 +507,17 @@ class XPosPE(RotaryPE):
     keys after the query (zeta^(n - m) > 1 for m > n); it is kept as the paper defines it, not symmetrised.
     """
 
-    def __init__(
-        self, d_model: int, n_heads: int, base: Base = 10000.0, gamma: Annotated[float, Gt(0)] = 0.4,
-        scale_base: Annotated[float, Gt(0), "tokens"] = 512.0,
-        training_length: Annotated[int, Ge(1), "the length trained at"] = 512,
-        rotary_fraction: RotaryFraction = 1.0,
-        partial_rotary: PartialRotary = "neox",
-        randomize_positions: RandomizedPositions = None,
-    ) -> None:
-        self.check_settings(d_model, n_heads, seq_len=0, gamma=gamma, scale_base=scale_base, training_length=training_length,
-                            rotary_fraction=rotary_fraction, partial_rotary=partial_rotary)
-        super().__init__(d_model, n_heads, base=base, rotary_fraction=rotary_fraction, partial_rotary=partial_rotary,
-                         randomize_positions=randomize_positions)
-        self.gamma, self.scale_base, self.center = gamma, float(scale_base), training_length // 2
-        self.training_length = training_length
+    Settings = XPosSettings
+
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
+        s = self.settings
+        self.gamma, self.scale_base, self.center = s.gamma, float(s.scale_base), s.training_length // 2
+        self.training_length = s.training_length
         rotating = self.rotary_dims // 2  # the pairs a partial rotation leaves alone do not decay (zeta 1)
         fractions = torch.arange(0, 2 * rotating, 2, dtype=torch.float64) / self.frequency_dims
-        zeta = F.pad((fractions + gamma) / (1 + gamma), (0, self.d_head // 2 - rotating), value=1.0)
+        zeta = F.pad((fractions + s.gamma) / (1 + s.gamma), (0, self.d_head // 2 - rotating), value=1.0)
         self.register_buffer("zeta", zeta.float(), persistent=False)
-
-    @classmethod
-    def check_settings(
-        cls, d_model: int, n_heads: int, seq_len: int, gamma: float = 0.4, scale_base: float = 512.0,
-        training_length: int = 512, rotary_fraction: float = 1.0, partial_rotary: str = "neox", **settings
-    ) -> None:
-        super().check_settings(d_model, n_heads, seq_len, rotary_fraction=rotary_fraction, partial_rotary=partial_rotary)
-        if not gamma > 0:
-            raise ValueError(f"pe.gamma={gamma} must be > 0 (zeta_0 = gamma / (1 + gamma))")
-        if not scale_base > 0:
-            raise ValueError(f"pe.scale_base={scale_base} must be > 0")
-        if training_length < 1:
-            raise ValueError(f"pe.training_length={training_length} must be >= 1")
-
-    @classmethod
-    def settings_warnings(
-        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", gamma: float = 0.4,
-        scale_base: float = 512.0, training_length: int | None = None, **settings
-    ) -> list[str]:
-        if precision not in ("16", "16-mixed", "16-true"):  # float16's range; bfloat16 and wider reach 3e38
-            return []
-        center = (training_length or seq_len) // 2
-        zeta_0 = gamma / (1 + gamma)
-        reach = math.log(torch.finfo(torch.float16).max) / -math.log(zeta_0) * scale_base  # |n - c| at the overflow
-        longest = 16 * seq_len  # the extrapolation benchmark reads 16x the training length
-        if center + reach >= longest:
-            return []
-        return [f"pe.scale_base={scale_base:g} with trainer.precision={precision}: a key's xPos factor overflows float16 "
-                f"past position {int(center + reach)}, shorter than 16x data.seq_len={seq_len}; raise pe.scale_base "
-                "or use bf16"]
 
     def _magnitude(self, start_pos: int, seq_len: int, device: torch.device, key: bool,
                    positions: Tensor | None = None) -> Tensor:
@@ -699,10 +553,10 @@ class ALiBiPE(PositionalEncoding):
     the absolute distance makes the same module usable bidirectionally.
     """
 
-    takes_position_ids = True
+    Settings = ALiBiSettings
 
-    def __init__(self, d_model: int, n_heads: int, randomize_positions: RandomizedPositions = None) -> None:
-        super().__init__(d_model, n_heads, randomize_positions)
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def score_bias(self, q_len: int, k_len: int, start_pos: int = 0, positions: Tensor | None = None) -> Tensor:
@@ -757,32 +611,19 @@ class T5BiasPE(PositionalEncoding):
     other embeddings, N(0, 0.02^2).
     """
 
-    takes_position_ids = True
+    Settings = T5BiasSettings
 
-    def __init__(self, d_model: int, n_heads: int, num_buckets: Annotated[int, Ge(4)] = 32,
-                 max_distance: Annotated[int, Ge(2), "tokens"] = 128,
-                 randomize_positions: RandomizedPositions = None) -> None:
-        super().__init__(d_model, n_heads, randomize_positions)
-        self.check_settings(d_model, n_heads, seq_len=0, num_buckets=num_buckets, max_distance=max_distance)
-        self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)  # (buckets, H)
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
+        self.num_buckets, self.max_distance = self.settings.num_buckets, self.settings.max_distance
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, n_heads)  # (buckets, H)
 
     @classmethod
-    def check_settings(
-        cls, d_model: int, n_heads: int, seq_len: int, num_buckets: int = 32, max_distance: int = 128, **settings
-    ) -> None:
-        if num_buckets < 4:
-            raise ValueError(f"pe.num_buckets={num_buckets} must be >= 4 (an encoder has half per direction, each "
-                             "with at least one exact distance)")
-        if max_distance <= num_buckets // 2:
-            raise ValueError(f"pe.max_distance={max_distance} must be larger than pe.num_buckets/2={num_buckets // 2} "
-                             "(the distances bucketed one by one)")
+    def settings_warnings(cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true",
+                          **settings: Any) -> list[str]:
+        # here, not in T5BiasSettings.warnings: it counts the buckets with the model's own t5_bucket (torch)
+        num_buckets, max_distance = (s := cls.Settings(**settings)).num_buckets, s.max_distance
 
-    @classmethod
-    def settings_warnings(
-        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", num_buckets: int = 32,
-        max_distance: int = 128, **settings
-    ) -> list[str]:
         def buckets(n_positions: int, causal: bool) -> set[int]:
             distances = torch.arange(n_positions)
             return set(t5_bucket(torch.cat((-distances, distances)), causal, num_buckets, max_distance).tolist())
@@ -816,44 +657,15 @@ class FirePE(PositionalEncoding):
     """
 
     eps = 1e-6
-    takes_position_ids = True
+    Settings = FireSettings
 
-    def __init__(
-        self, d_model: int, n_heads: int, mlp_width: Annotated[int, Ge(1)] = 32, init_c: Annotated[float, Gt(0)] = 0.1,
-        init_threshold: Annotated[float, Ge(1), "tokens"] = 512.0, randomize_positions: RandomizedPositions = None,
-    ) -> None:
-        super().__init__(d_model, n_heads, randomize_positions)
-        self.check_settings(d_model, n_heads, seq_len=0, mlp_width=mlp_width, init_c=init_c, init_threshold=init_threshold)
-        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, n_heads))
-        self.c = nn.Parameter(torch.tensor(float(init_c)))
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
+        s = self.settings
+        self.mlp = nn.Sequential(nn.Linear(1, s.mlp_width), nn.ReLU(), nn.Linear(s.mlp_width, n_heads))
+        self.c = nn.Parameter(torch.tensor(float(s.init_c)))
         self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
-        self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))
-
-    @classmethod
-    def check_settings(
-        cls, d_model: int, n_heads: int, seq_len: int, mlp_width: int = 32, init_c: float = 0.1,
-        init_threshold: float = 512.0, **settings
-    ) -> None:
-        if mlp_width < 1:
-            raise ValueError(f"pe.mlp_width={mlp_width} must be >= 1")
-        if not init_c > 0:
-            raise ValueError(f"pe.init_c={init_c} must be > 0")
-        if not init_threshold >= 1:
-            raise ValueError(f"pe.init_threshold={init_threshold} must be >= 1 (a length in tokens)")
-
-    @classmethod
-    def settings_warnings(
-        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", init_threshold: float = 512.0, **settings
-    ) -> list[str]:
-        if init_threshold <= seq_len:
-            return []
-        return [f"pe.init_threshold={init_threshold:g} is above data.seq_len={seq_len}: no query in training reaches it, so "
-                "every distance is normalised by the threshold, not by its query's position (set it to the training length)"]
-
-    def finish_init(self, embedding: TokenEmbedding) -> None:
-        for layer in self.mlp:
-            if isinstance(layer, nn.Linear):
-                layer.reset_parameters()
+        self.register_buffer("init_threshold", torch.tensor(float(s.init_threshold)))
 
     @property
     def threshold(self) -> Tensor:
@@ -885,10 +697,10 @@ class KerplePE(PositionalEncoding):
     |i - j| on both sides. One r1, r2 per head for the whole stack (the paper has one per layer).
     """
 
-    takes_position_ids = True
+    Settings = KerpleSettings
 
-    def __init__(self, d_model: int, n_heads: int, randomize_positions: RandomizedPositions = None) -> None:
-        super().__init__(d_model, n_heads, randomize_positions)
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
         r1 = (torch.rand(n_heads) * 2).clamp(min=KERPLE_FLOOR + 1e-3)
         r2 = torch.rand(n_heads).clamp(min=KERPLE_FLOOR + 1e-3)
         self.r1_raw = nn.Parameter(self._inverse(r1))
@@ -927,14 +739,12 @@ class CoPE(PositionalEncoding):
     position vectors. One table (two in an encoder) per stack, shared by its layers (the paper has one per layer).
     """
 
-    no_position_ids = "its positions are counts of the keys a query's gates open"
+    Settings = CoPESettings
 
-    def __init__(self, d_model: int, n_heads: int, p_max: Annotated[int, Ge(2)] = 16,
-                 randomize_positions: RandomizedPositions = None) -> None:  # refused: its positions are counts
-        super().__init__(d_model, n_heads, randomize_positions)
-        self.check_settings(d_model, n_heads, seq_len=0, p_max=p_max)
-        self.p_max, self.d_head = p_max, d_model // n_heads
-        self.pos_emb = nn.Parameter(torch.zeros(p_max, self.d_head))
+    def __init__(self, d_model: int, n_heads: int, **settings: Any) -> None:
+        super().__init__(d_model, n_heads, **settings)
+        self.p_max, self.d_head = self.settings.p_max, d_model // n_heads
+        self.pos_emb = nn.Parameter(torch.zeros(self.p_max, self.d_head))
         self.pos_emb_after: nn.Parameter | None = None  # created when a stack says the encoding is bidirectional
         self._causal = True
 
@@ -950,28 +760,6 @@ class CoPE(PositionalEncoding):
             self.pos_emb_after = nn.Parameter(torch.zeros_like(self.pos_emb))
         elif causal:
             self.pos_emb_after = None
-
-    @classmethod
-    def check_settings(cls, d_model: int, n_heads: int, seq_len: int, p_max: int = 16, **settings) -> None:
-        if p_max < 2:
-            raise ValueError(f"pe.p_max={p_max} must be >= 2 (positions 0 .. p_max - 1 are interpolated)")
-
-    @classmethod
-    def settings_warnings(
-        cls, d_model: int, n_heads: int, seq_len: int, precision: str = "32-true", p_max: int = 16, **settings
-    ) -> list[str]:
-        if p_max > seq_len:
-            return [f"pe.p_max={p_max} is above data.seq_len={seq_len}: positions past {seq_len} (rows {seq_len}..{p_max - 1}"
-                    " of the table) are never reached in training and keep their initial zeros"]
-        # Every gate starts at sigmoid(~0) = 0.5, so a training block's counts start at most ~seq_len / 2: the rows past
-        # it get no gradient until gates open, and a longer window at inference reads them (a 64-token block with
-        # p_max 64 trained rows 0-33 at the start; the paper and x-transformers use 16).
-        reached = seq_len // 2 + 1
-        if p_max - 1 > reached:
-            return [f"pe.p_max={p_max} is above what data.seq_len={seq_len} fills at initialisation: gates start near 0.5, "
-                    f"so counts reach ~{reached} and rows {reached + 1}..{p_max - 1} get no gradient until gates open "
-                    f"(the paper uses 16; pe.p_max<={reached + 1} avoids it)"]
-        return []
 
     def _interpolated(self, q: Tensor, position: Tensor, table: Tensor) -> Tensor:
         """q_i . e[p] for fractional positions (B, H, Tq, Tk), by linear interpolation of the integer rows."""

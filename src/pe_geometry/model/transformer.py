@@ -1,10 +1,10 @@
 """Encoder, decoder and encoder-decoder Transformers assembled from swappable parts.
 
-The three layouts share one ``ModelConfig``: the sizes and the *factories* for the parts (Hydra
-builds them as partials): ``embedding(vocab_size, d_model)``, ``pe(d_model, n_heads)`` and
-``attention(d_model, n_heads, pe)``. A layout takes the config's fields as keywords
-(``DecoderLM(vocab_size=50, d_model=32, pe=RotaryPE)``, which is what ``configs/model/*.yaml``
-instantiate) plus the settings only it has (``mask_prob``, ``src_fraction``). Each model also knows
+The three layouts share one ``ModelConfig``: their settings (``pe_geometry.settings.model``: sizes, normalisation,
+layer pattern) and the *factories* for the parts (Hydra builds them as partials): ``embedding(vocab_size, d_model)``,
+``pe(d_model, n_heads)`` and ``attention(d_model, n_heads, pe)``. A layout takes its settings' fields and the parts as
+keywords (``DecoderLM(vocab_size=50, d_model=32, pe=RotaryPE)``, which is what ``configs/model/*.yaml`` instantiate);
+its settings add what only it has (``mask_prob``, ``src_fraction``). Each model also knows
 its own objective (``loss(block)`` on a (B, seq_len + 1) block of token ids), so it can be trained
 without Lightning.
 
@@ -19,19 +19,27 @@ the logits), for analysis to read instead of recomputing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from annotated_types import Ge, Interval
 from torch import Tensor, nn
 
 from pe_geometry.model.attention import KVCache, MultiHeadAttention, SDPAttention
 from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
 from pe_geometry.model.positional import NoPE, PositionalEncoding, SinusoidalPE
+from pe_geometry.settings.model import (  # noqa: F401  (LAYER_KEYS, layer_schemes: re-exported)
+    LAYER_KEYS,
+    DecoderSettings,
+    EncoderDecoderSettings,
+    EncoderSettings,
+    LayerScheme,
+    ModelSettings,
+    layer_schemes,
+)
 
 IGNORE_INDEX = -100  # targets with this id do not count in the loss
 
@@ -53,111 +61,27 @@ class MLP(nn.Module):
         return self.dropout(self.down(F.gelu(self.up(x))))
 
 
-LAYER_KEYS = ("pe", "window")
-
-
-@dataclass(frozen=True)
-class LayerScheme:
-    """One layer's position scheme in a ``layer_pattern``: ``pe`` None (the model's encoding), "none" (no encoding in
-    this layer: NoPE) or settings for the model's encoding family (``{"base": 1e6}``); ``window`` the attention
-    window (None: every earlier position), or ``inherit`` (the attention's own setting)."""
-
-    entry: int  # which entry of the pattern (layers that share an entry share its encoding module)
-    pe: Mapping[str, Any] | str | None = None
-    window: int | None | str = "inherit"
-
-    def describe(self, family: str) -> str:
-        """A short label: 'rope (base 1e+06), window 16', 'none', 'rope'."""
-        if self.pe == "none":
-            label = "none"
-        elif self.pe:
-            label = f"{family} ({', '.join(f'{k} {v:g}' if isinstance(v, float) else f'{k} {v}' for k, v in self.pe.items())})"
-        else:
-            label = family
-        return label if self.window == "inherit" else f"{label}, window {self.window or 'all'}"
-
-
-def _plain(value: Any) -> Any:
-    """A config's nested mappings and lists (Hydra's DictConfig/ListConfig too) as dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return [_plain(v) for v in value]
-    return value
-
-
-def layer_schemes(pattern: Sequence[Mapping[str, Any]] | None, n_layers: int) -> list[LayerScheme] | None:
-    """``model.layer_pattern`` read: one LayerScheme per layer (the pattern cycled over ``n_layers``), or None
-    without a pattern. A bad entry is one ValueError line naming it and the valid keys and values."""
-    if pattern is None:
-        return None
-    pattern = _plain(pattern)
-    if not isinstance(pattern, list) or not pattern:
-        raise ValueError(f"model.layer_pattern={pattern!r} must be a non-empty list of layer entries "
-                         f"(keys {list(LAYER_KEYS)}), cycled over the layers; null: every layer alike")
-    if len(pattern) > n_layers:  # its tail would never be built, yet the run's label names it
-        raise ValueError(f"model.layer_pattern has {len(pattern)} entries and model.n_layers={n_layers}: entries "
-                         f"{n_layers}..{len(pattern) - 1} would build no layer; give at most {n_layers} entries "
-                         "(a shorter pattern is cycled) or raise model.n_layers")
-    schemes = []
-    for j, entry in enumerate(pattern):
-        where = f"model.layer_pattern[{j}]"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where}={entry!r} must be a mapping with keys among {list(LAYER_KEYS)}")
-        unknown = sorted(set(entry) - set(LAYER_KEYS))
-        if unknown:
-            raise ValueError(f"{where} has unknown key(s) {unknown}; valid: {list(LAYER_KEYS)}")
-        pe = entry.get("pe")
-        if not (pe is None or pe == "none" or isinstance(pe, dict)):
-            raise ValueError(f"{where}.pe={pe!r} must be 'none' (no encoding in this layer) or settings of the model's "
-                             "pe (e.g. {base: 1000000})")
-        window = entry.get("window", "inherit")
-        if window != "inherit" and window is not None and (isinstance(window, bool) or not isinstance(window, int)
-                                                            or window < 1):
-            raise ValueError(f"{where}.window={window!r} must be an integer >= 1 (positions a query sees) or null (all)")
-        schemes.append(LayerScheme(j, pe or None, window))
-    return [schemes[i % len(schemes)] for i in range(n_layers)]
-
-
 @dataclass(frozen=True)
 class ModelConfig:
-    """What every layout shares: sizes, normalisation, and the factories of its parts.
-
-    ``n_layers`` counts the blocks of one stack (an encoder-decoder has that many on each side). ``layer_pattern``
-    gives the layers position schemes of their own, cycled over the layers (as models since 2024 mix them): each
-    entry sets a layer's attention ``window`` and its encoding, ``pe: none`` (NoPE in that layer: SmolLM3 and
-    Llama 4 put one NoPE layer after three RoPE layers) or settings of the model's encoding family (Gemma 3: five
-    windowed layers with RoPE base 1e4, then one global layer with base 1e6). Encodings that act inside attention
-    only: a family that adds a term to the input (sinusoidal, learned) is added once, before every layer.
-    """
+    """A built model's config: its settings (``ModelSettings``: sizes, normalisation, layer pattern; torch-free), its
+    vocabulary, and the factories of its parts. ``config.d_model`` etc. read the settings."""
 
     vocab_size: int
-    d_model: Annotated[int, Ge(1)] = 128
-    n_heads: Annotated[int, Ge(1)] = 4
-    n_layers: Annotated[int, Ge(1)] = 4
-    d_ff: Annotated[int | None, Ge(1), "null for 4 * d_model"] = None
-    dropout: Annotated[float, Interval(ge=0, lt=1), "a probability"] = 0.0
-    norm: Literal["pre", "post"] = "pre"  # "pre" (GPT-2) or "post" (Vaswani et al.)
+    settings: ModelSettings = ModelSettings()
     embedding: EmbeddingFactory = TokenEmbedding
     pe: PEFactory = SinusoidalPE
     attention: AttentionFactory = SDPAttention
-    layer_pattern: Annotated[list[dict[str, Any]] | None, "entries {pe: none | {settings}, window: N | null}, cycled",
-                             "null: every layer alike"] = None
 
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.norm not in ("pre", "post"):
-            raise ValueError(f"norm must be 'pre' or 'post', got {self.norm!r}")
-        layer_schemes(self.layer_pattern, self.n_layers)  # a bad entry: one line, before anything is built
+    def __getattr__(self, name: str) -> Any:  # (called only for names the config itself lacks)
+        if name == "settings":  # (not set yet: copy/pickle probing a bare instance)
+            raise AttributeError(name)
+        return getattr(self.settings, name)
 
-    def layer_schemes(self) -> list[LayerScheme] | None:
-        return layer_schemes(self.layer_pattern, self.n_layers)
-
-    @property
-    def mlp_width(self) -> int:
-        """The MLP's hidden width: ``d_ff``, or 4 * d_model when it is None."""
-        return self.d_ff or 4 * self.d_model
+    @classmethod
+    def build(cls, vocab_size: int, settings_type: type[ModelSettings], settings: dict[str, Any]) -> ModelConfig:
+        """A layout's keywords: the parts' factories (``embedding``, ``pe``, ``attention``) and its settings."""
+        parts = {name: settings.pop(name) for name in ("embedding", "pe", "attention") if name in settings}
+        return cls(vocab_size, settings_type(**settings), **parts)
 
 
 class Block(nn.Module):
@@ -337,10 +261,8 @@ class LanguageModel(nn.Module):
     A layout builds its stacks from ``self.config``, then calls ``_finish_init``.
     """
 
-    objective: str = ""
-    # The dataclass a layout's ``**settings`` keywords build; the config schema reads its fields as the
-    # layout's keys (``model.d_model``), so a misspelt key is refused before anything is built.
-    config_type: type = ModelConfig
+    Settings: ClassVar[type[ModelSettings]] = ModelSettings  # what a layout's keywords build besides its parts
+    objective: ClassVar[str] = ""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -429,11 +351,12 @@ class LanguageModel(nn.Module):
 class DecoderLM(LanguageModel):
     """Causal Transformer trained on next-token prediction (GPT)."""
 
-    objective = "next-token"
+    Settings = DecoderSettings
+    objective = DecoderSettings.objective
 
     def __init__(self, vocab_size: int, **settings: Any) -> None:
-        """``settings``: the other fields of ``ModelConfig`` (d_model, n_heads, n_layers, ..., pe, attention)."""
-        config = ModelConfig(vocab_size, **settings)
+        """``settings``: ``DecoderSettings``'s keys and the parts' factories (``embedding``, ``pe``, ``attention``)."""
+        config = ModelConfig.build(vocab_size, self.Settings, settings)
         # the stack before the head: a learned position table draws its init when built, and this order keeps
         # a seeded model the one it always was
         stack = Stack(config, causal=True)
@@ -479,16 +402,16 @@ def mask_tokens(
 class EncoderMLM(LanguageModel):
     """Bidirectional Transformer trained as a masked language model (BERT)."""
 
-    objective = "masked-lm"
+    Settings = EncoderSettings
+    objective = EncoderSettings.objective
 
-    def __init__(self, vocab_size: int, mask_token_id: int, mask_prob: Annotated[float, Interval(gt=0, lt=1)] = 0.15,
-                 **settings: Any) -> None:
-        """``settings``: the other fields of ``ModelConfig`` (d_model, n_heads, n_layers, ..., pe, attention)."""
-        config = ModelConfig(vocab_size, **settings)
+    def __init__(self, vocab_size: int, mask_token_id: int, **settings: Any) -> None:
+        """``settings``: ``EncoderSettings``'s keys and the parts' factories (``embedding``, ``pe``, ``attention``)."""
+        config = ModelConfig.build(vocab_size, self.Settings, settings)
         stack = Stack(config, causal=False)
         super().__init__(config)
         self.encoder = stack
-        self.mask_token_id, self.mask_prob = mask_token_id, mask_prob
+        self.mask_token_id, self.mask_prob = mask_token_id, config.settings.mask_prob
         self._finish_init()
 
     @property
@@ -512,20 +435,18 @@ class EncoderDecoder(LanguageModel):
     side has its own positional encoding module, both counting from 0.
     """
 
-    objective = "seq2seq"
+    Settings = EncoderDecoderSettings
+    objective = EncoderDecoderSettings.objective
 
-    def __init__(self, vocab_size: int, src_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.5,
-                 n_layers: Annotated[int, Ge(1), "blocks on each side"] = 2, **settings: Any) -> None:
-        """``settings``: the other fields of ``ModelConfig``; ``n_layers`` blocks on each side (2 unless given)."""
-        if not 0.0 < src_fraction < 1.0:
-            raise ValueError(f"src_fraction must be in (0, 1), got {src_fraction}")
-        config = ModelConfig(vocab_size, n_layers=n_layers, **settings)
+    def __init__(self, vocab_size: int, **settings: Any) -> None:
+        """``settings``: ``EncoderDecoderSettings``'s keys (``n_layers`` blocks on each side) and the parts' factories."""
+        config = ModelConfig.build(vocab_size, self.Settings, settings)
         encoder = Stack(config, causal=False)
         super().__init__(config)
         self.encoder = encoder
         self.decoder = Stack(config, causal=True, cross_attention=True)
         self.decoder.embedding = self.encoder.embedding  # one vocabulary, one matrix
-        self.src_fraction = src_fraction
+        self.src_fraction = config.settings.src_fraction
         self._finish_init()
 
     @property

@@ -3,5 +3,14 @@
 
 from pe_geometry.settings import attention, model, positional  # noqa: F401  (each registers its components)
 from pe_geometry.settings.base import (  # noqa: F401
-    MAX_SEED, REGISTRY, Settings, SettingsError, Sizes, component, defaults, field_problems, settings_of, store_in_hydra,
+    MAX_SEED,
+    REGISTRY,
+    Settings,
+    SettingsError,
+    Sizes,
+    component,
+    defaults,
+    field_problems,
+    settings_of,
+    store_in_hydra,
 )

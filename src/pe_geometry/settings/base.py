@@ -152,8 +152,8 @@ def store_in_hydra() -> None:
 
     load_plugins()
     store = ConfigStore.instance()
-    for cls in set(REGISTRY.values()):
-        store.store(group="settings", name=cls.__name__, node=defaults(cls))
+    for cls in set(REGISTRY.values()):  # the class first: what a reader of ``--cfg job`` looks for
+        store.store(group="settings", name=cls.__name__, node={"_target_": cls.target, **defaults(cls)})
 
 
 # -- validation ---------------------------------------------------------------------------------------------------

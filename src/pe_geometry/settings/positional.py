@@ -30,9 +30,9 @@ PARTIAL_ROTARY_STYLES = ("neox", "p_rope")
 # YaRN's ramp between interpolated and kept pairs: linear in the turns r_i (the paper's gamma(r)), or linear in the
 # pair index between whole pairs (the official code's and transformers' find_correction_range / linear_ramp_factor).
 YARN_RAMPS = ("turns", "dims")
-CAUSAL_ONLY = ("pe=forgetting (FoX) works in causal stacks only: its forget gates decay the logits of earlier keys; a "
-               "bidirectional stack (model=encoder, the encoder of model=encoder_decoder) has no such order; valid: "
-               "model=decoder")
+CAUSAL_ONLY = ("the Forgetting Transformer is causal only: its bias sums the log forget gates from a key up to its query, "
+               "left to right, and a bidirectional stack (model=encoder, the encoder of model=encoder_decoder) has keys "
+               "after the query; it works with model=decoder")
 
 Positions = Annotated[int, Interval(ge=1, le=MAX_LEARNED_POSITIONS)]
 Base = Annotated[float, Gt(1)]

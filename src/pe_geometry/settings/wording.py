@@ -9,6 +9,7 @@ from typing import Any
 
 import annotated_types
 
+
 def describe(annotation: Any) -> str:
     """What a value of this annotation must be, as an error line ends: ``an integer >= 2``, ``one of ['pre', 'post']``,
     ``a positive integer, or null``; a doc starting with "null" says what null means (``or null for 4 * d_model``)."""

@@ -1,10 +1,12 @@
 """The schema of train.py's config: every key typed, ranged and checked before anything is built.
 
-``check_schema(cfg)`` checks each config node that names a class (``_target_``) against that class's constructor
-(``pe_geometry.signatures``): a key it does not take is refused (``+model.d_modle=64``, ``pe.init`` with ``pe=rope``),
-and a value is checked against the parameter's annotation, so ``model.dropout=2`` is one line naming the key, the
-value and what would be valid, instead of a traceback from deep inside torch or a silent run. The constructor is the
-one source of each key's default, type, range and doc; a class of ours, or a user's, needs nothing here.
+``check_schema(cfg)`` checks each config node that names a class (``_target_``) against that class's settings
+dataclass (``pe_geometry.settings``, found by the target without importing the class): a key it does not have is
+refused (``+model.d_modle=64``, ``pe.init`` with ``pe=rope``), a value is checked against the field's annotation, and
+the dataclass's own cross-key rules run (``model.d_model`` divisible by ``model.n_heads``), so ``model.dropout=2`` is
+one line naming the key, the value and what would be valid, instead of a traceback from deep inside torch or a silent
+run. The dataclass is the one source of each key's default, type, range and doc; a user's class that registers one
+needs nothing here, and one that does not is read from its constructor's signature once it is imported.
 
 What is not a constructor of ours is typed below: the top-level keys of configs/train.yaml, ``paths``, and the keys we
 let users set on Lightning's and W&B's classes (``LIBRARY_SETTINGS``: Trainer, checkpoints, early stopping,
@@ -13,22 +15,26 @@ the W&B logger), whose own signatures do not say their ranges. Values the schema
 (``compile=yes`` is refused, not read as true). Checks that need more than one key (``d_model % n_heads``, the PE's own
 limits, the tokenizer's vocabulary) stay in ``training.validate``, which calls this first.
 
-``check_schema(cfg, import_classes=False)`` reads every signature from the source and imports nothing: what the
-command line typed is answered in well under a second, before torch and Lightning load (``cli/train.py``).
+``check_schema(cfg, import_classes=False)`` imports no class: what the command line typed is answered in well under a
+second, before torch and Lightning load (``cli/train.py``); a class without registered settings is then let through,
+for the full check.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+import dataclasses
+import functools
+import importlib
+import inspect
+import typing
+from typing import Any, Literal, get_args
 
 from omegaconf import DictConfig, OmegaConf, open_dict
-from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from pe_geometry.configs import SUPPLIED
-from pe_geometry.signatures import EMPTY, MAX_SEED, Param, Unreadable, constructor_params, describe
+from pe_geometry.settings.base import MAX_SEED, SettingsError, as_checked, field_problems, model_problems, settings_of, show
+from pe_geometry.settings.wording import describe
 
 # Keys Hydra's instantiate reads itself; they are not constructor arguments.
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
@@ -182,109 +188,103 @@ LIBRARY_SETTINGS: dict[str, type[TargetSettings]] = {
 }
 
 
-def _show(value: Any) -> str:
-    """A value as the user would type it on the command line."""
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value, default=str).replace(" ", "")
-    return str(value)
+_show = show
 
 
-def _errors(key: str, model: type[BaseModel], values: dict[str, Any],
-            wording: dict[str, str] | None = None) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """Validate ``values`` with ``model``: (key, error line) pairs and the coerced values of the keys given.
-    ``wording``: what each field must be, where the field's own description does not say it."""
-    wording = wording or {}
+def import_target(target: str) -> Any:
+    """``a.b.C`` -> the object (the longest importable module prefix, then attributes), quietly: Hydra's ``get_class``
+    logs a multi-line error of its own before raising."""
+    parts = target.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as err:
+            if err.name is not None and not ".".join(parts[:cut]).startswith(err.name):
+                raise  # the module exists and imports something missing: say that, not "no module"
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        if cut == len(parts) or not callable(obj):
+            raise ImportError(f"{target} is not a class or a function")
+        return obj
+    raise ImportError(f"no module named {parts[0]!r}")
+
+
+def signature_params(target: str) -> dict[str, inspect.Parameter] | None:
+    """The keywords a class without registered settings takes (a user's, another library's), read from its imported
+    constructor, ``**kwargs`` followed up the class hierarchy; None when the chain ends in a catch-all ``**kwargs``."""
+    obj = import_target(target)
+    functions = [obj] if not isinstance(obj, type) else [vars(k)["__init__"] for k in obj.__mro__[:-1] if "__init__" in vars(k)]
+    out: dict[str, inspect.Parameter] = {}
+    for function in functions:
+        params = list(inspect.signature(function).parameters.values())[0 if function is obj else 1:]
+        out = {**{p.name: p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}, **out}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return out
+    return None
+
+
+@functools.cache
+def _signature_model(target: str, names: tuple[str, ...]) -> tuple[type[BaseModel], dict[str, str]]:
+    """A pydantic model of a constructor's annotated keywords (``names``), and the wording of each."""
+    obj = import_target(target)
+    function = obj.__init__ if isinstance(obj, type) else obj
     try:
-        checked = model.model_validate(values)
-    except ValidationError as err:
-        lines = []
-        for problem in err.errors():
-            field = str(problem["loc"][0])
-            info = model.model_fields.get(field)
-            meaning = wording.get(field) or (info.description if info and info.description else problem["msg"])
-            full = f"{key}.{field}" if key else field
-            if problem["type"] == "extra_forbidden":
-                valid = sorted(model.model_fields)
-                lines.append((full, f"{full} is not a setting of {key or 'the config'}; valid: {valid}"))
-            elif problem["type"] == "missing" and field not in values:
-                lines.append((full, f"{full} is missing; it must be {meaning}"))
-            else:
-                lines.append((full, f"{full}={_show(values.get(field, problem['input']))} must be {meaning}"))
-        return lines, {}
-    given = set(values) & set(model.model_fields)
-    return [], {k: v for k, v in checked.model_dump().items() if k in given}
-
-
-def _as_checked(annotation: Any) -> Any:
-    """A constructor's annotation as the config is checked against it: booleans strict (``compile=yes`` is refused,
-    not read as true), numbers finite (no setting of ours means inf), and a list given one value is that value's list
-    (``train_files=a.txt``)."""
-    origin, args = get_origin(annotation), get_args(annotation)
-    if annotation is bool:
-        return Annotated[bool, Strict()]
-    if annotation is float:
-        return Annotated[float, AllowInfNan(False)]
-    if origin is Annotated:
-        return Annotated[(_as_checked(args[0]), *args[1:])]
-    if origin is list:
-        return Annotated[annotation, BeforeValidator(lambda v: [v] if isinstance(v, str) else v)]
-    if origin in (Union, UnionType):
-        return Union[tuple(_as_checked(a) for a in args)]  # noqa: UP007
-    if origin is tuple:
-        return tuple[tuple(_as_checked(a) for a in args)] if args and Ellipsis not in args else annotation
-    return annotation
-
-
-def _derived_model(target: str, params: tuple[Param, ...]) -> tuple[type[BaseModel], dict[str, str]]:
-    """A pydantic model of a constructor's annotated keywords, and the wording of each (``describe``)."""
-    if target in _DERIVED:
-        return _DERIVED[target]
-    fields = {p.name: (_as_checked(p.annotation), None if p.default is EMPTY else p.default)
-              for p in params if p.annotation is not EMPTY}
+        hints = typing.get_type_hints(function, include_extras=True)
+    except Exception:  # noqa: BLE001 - an annotation that does not evaluate: its parameters take any value
+        hints = {}
+    annotated = {name: hints[name] for name in names if name in hints}
     model = create_model(f"Settings of {target}", __config__=ConfigDict(extra="ignore", arbitrary_types_allowed=True),
-                         **fields)
-    _DERIVED[target] = model, {p.name: describe(p.annotation) for p in params if p.annotation is not EMPTY}
-    return _DERIVED[target]
-
-
-_DERIVED: dict[str, tuple[type[BaseModel], dict[str, str]]] = {}
+                         **{name: (as_checked(a), None) for name, a in annotated.items()})
+    return model, {name: describe(a) for name, a in annotated.items()}
 
 
 def check_node(key: str, node: Any, option: str | None = None,
                import_classes: bool = True) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """Check one ``_target_`` node: its keys against the class's constructor, its values against the constructor's
-    annotations (``LIBRARY_SETTINGS`` for Lightning's and W&B's). ``import_classes=False``: a class whose source does
-    not say its signature plainly is left for the full check."""
+    """Check one ``_target_`` node: its keys and values against the class's settings dataclass and that dataclass's
+    own rules (``LIBRARY_SETTINGS`` for Lightning's and W&B's classes; the imported signature for a class without
+    settings). ``import_classes=False``: a class without registered settings is left for the full check."""
     if not isinstance(node, dict) or "_target_" not in node:
         return [(key, f"{key}={_show(node)} must be a config node with a _target_ (a class to build)")], {}
     target = str(node["_target_"])
     group = key.split(".", 1)[0]
+    nested = {k for k, v in node.items() if isinstance(v, dict) and "_target_" in v}  # built and checked on their own
+    settings = {k: v for k, v in node.items() if k not in HYDRA_KEYS and k not in nested}
+    name = f"{group}={option}" if option else f"{key} ({target})"
+
+    def unknown(accepted: set[str]) -> list[tuple[str, str]]:
+        valid = sorted(accepted) or f"none ({name} has no settings)"
+        return [(f"{key}.{k}", f"{key}.{k} is not a setting of {name}; valid: {valid}") for k in sorted(set(settings) - accepted)]
+
+    cls = settings_of(target)
+    if cls is not None:
+        problems = unknown({f.name for f in dataclasses.fields(cls)})
+        if problems:
+            return problems, {}
+        problems, coerced = field_problems(cls, settings, key)
+        if problems:
+            return problems, {}
+        try:
+            cls(**{**settings, **coerced})  # the dataclass's own rules across its keys
+        except SettingsError as err:
+            return [(key, str(err))], {}
+        return [], coerced
+    if not import_classes:
+        return [], {}  # read when the run starts (the check that may import); until then any key is let through
     try:
-        params = constructor_params(target, import_if_needed=import_classes)
-    except Unreadable:
-        params = None  # read when the run starts (the check that may import); until then any key is let through
+        params = signature_params(target)
     except (ImportError, AttributeError) as err:
         return [(key, f"{key}._target_={target} cannot be imported ({type(err).__name__}: {err})")], {}
-    settings = {k: v for k, v in node.items() if k not in HYDRA_KEYS and not (isinstance(v, dict) and "_target_" in v)}
     if params is not None:
-        accepted = set(params) - SUPPLIED.get(group, set())
-        unknown = sorted(set(node) - HYDRA_KEYS - accepted)
-        if unknown:
-            name = f"{group}={option}" if option else f"{key} ({target})"
-            valid = sorted(accepted) or f"none ({name} has no settings)"
-            return [(f"{key}.{k}", f"{key}.{k} is not a setting of {name}; valid: {valid}") for k in unknown], {}
+        problems = unknown(set(params) - SUPPLIED.get(group, set()))
+        if problems:
+            return problems, {}
     if target in LIBRARY_SETTINGS:
-        return _errors(key, LIBRARY_SETTINGS[target], settings)
+        return model_problems(key, LIBRARY_SETTINGS[target], settings)
     if params is None:
         return [], {}
-    typed = tuple(p for name, p in params.items() if name not in SUPPLIED.get(group, set()))
-    model, wording = _derived_model(target, typed)
-    return _errors(key, model, settings, wording)
-
+    model, wording = _signature_model(target, tuple(p for p in params if p not in SUPPLIED.get(group, set())))
+    return model_problems(key, model, settings, wording)
 
 
 def _choice(choices: dict[str, Any], group: str) -> str | None:
@@ -308,7 +308,7 @@ def check_schema(cfg: DictConfig, choices: dict[str, Any] | None = None, import_
         fixes.update({f"{key}.{k}" if key else k: v for k, v in coerced.items()})
 
     top = {k: v for k, v in values.items()}
-    record("", _errors("", TopLevelSettings, top))
+    record("", model_problems("", TopLevelSettings, top))
     for group in ("model", "pe", "embedding", "attention", "trainer", "optimizer"):  # (optimizer: a factory's keys)
         if group in values:
             record(group, check_node(group, values[group], _choice(choices, group), import_classes))
@@ -320,7 +320,7 @@ def check_schema(cfg: DictConfig, choices: dict[str, Any] | None = None, import_
     if "paths" in values:
         node = values["paths"]
         not_a_group = ([("paths", "paths must be a config group")], {})
-        record("paths", _errors("paths", PathsSettings, node) if isinstance(node, dict) else not_a_group)
+        record("paths", model_problems("paths", PathsSettings, node) if isinstance(node, dict) else not_a_group)
     for group in ("logger", "callbacks"):
         node = values.get(group)
         if node is None:
