@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 from pathlib import Path
 
 import lightning as L
@@ -28,19 +27,12 @@ import torch
 from pe_geometry.analysis.metric_names import VAL_LOSS
 from pe_geometry.analysis.runs import load_run
 from pe_geometry.files import atomic_write_bytes, atomic_write_text
-from pe_geometry.training.resume import RunLoadError, read_checkpoint_file
+from pe_geometry.training.checkpoint_io import RunLoadError, read_checkpoint_file, step_checkpoints
 from pe_geometry.training.run_loader import load_trained_run, load_weights
 from pe_geometry.training.task import LanguageModelTask
 
 log = logging.getLogger(__name__)
 BEST_FILE = "best_checkpoint.json"
-STEP_CHECKPOINT = re.compile(r"step(\d+)\.ckpt")
-
-
-def step_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every ``checkpoints/step<N>.ckpt``, in step order."""
-    found = [(int(m.group(1)), p) for p in (run_dir / "checkpoints").glob("step*.ckpt") if (m := STEP_CHECKPOINT.fullmatch(p.name))]
-    return sorted(found)
 
 
 def early_stopping_choice(losses: list[tuple[int, float]], patience: int) -> tuple[int, int | None]:

@@ -28,10 +28,11 @@ from pe_geometry.extras import without_unavailable_loggers  # noqa: E402
 from pe_geometry.files import atomic_write_text  # noqa: E402
 from pe_geometry.training import interrupt, wandb_run  # noqa: E402
 from pe_geometry.training.callbacks import AtomicCheckpointIO, StepCheckpoint, remove_partial_writes  # noqa: E402
+from pe_geometry.training.checkpoint_io import RunConfigInCheckpoint  # noqa: E402
 from pe_geometry.training.interrupt import GracefulStop  # noqa: E402
 from pe_geometry.training.lightning_compat import drop_wandb_init_argument  # noqa: E402
 from pe_geometry.training.progress import ParameterSummary, ValidateAtEnd  # noqa: E402
-from pe_geometry.training.resume import RunConfigInCheckpoint, prepare_resume  # noqa: E402
+from pe_geometry.training.resume import prepare_resume  # noqa: E402
 from pe_geometry.training.run_folder import adopt_staged_output, claim_run_folder  # noqa: E402
 from pe_geometry.training.run_loader import accepted_kwargs, build_datamodule, build_model  # noqa: E402
 from pe_geometry.training.summary import run_summary  # noqa: E402

@@ -1,19 +1,28 @@
-"""Resume, in one place: which checkpoint, the config it carries, and the config a resume trains with.
+"""Resume, in one place: which checkpoint, and the config a resume trains with.
 
-Every checkpoint carries the run's resolved config (``run_config``, put there by ``RunConfigInCheckpoint``). A resume
-trains with it, every key of it, except what the command line sets explicitly: ``python train.py
-ckpt_path=<run>/checkpoints/last.ckpt`` continues the run as it was configured (its model and PE, but also its
+Every checkpoint carries the run's resolved config (``run_config``; reading and writing checkpoint files is
+``checkpoint_io``'s). A resume trains with it, every key of it, except what the command line sets explicitly: ``python
+train.py ckpt_path=<run>/checkpoints/last.ckpt`` continues the run as it was configured (its model and PE, but also its
 ``trainer.max_steps``, cadences and loggers), whatever the defaults say. An override that contradicts the checkpoint on
 a setting that defines what is trained (``FIXED_ON_RESUME``) is one error naming every differing key, raised before
 anything in the run directory is written. Other overrides (``trainer.max_steps=2000``, a logger, a cadence, devices)
 apply; the changes are recorded in ``config-resume-step<N>.yaml``.
 
-- ``find_checkpoint``: the file a ``ckpt_path`` names (``last``, a run folder, a file), for a resume and for every
-  reader of a finished run (``run_loader.load_trained_run``); ``read_checkpoint_file`` reads it once;
-- ``saved_config``: the config the checkpoint carries;
+- ``read_checkpoint``: where a resume starts (``ckpt_path=last``, ``auto``, a file, a branch) and the checkpoint read;
 - ``prepare_resume``: what ``pipeline.train`` calls: the checkpoint, the run folder it continues, and ``cfg`` made the
   resumed config (``apply_resume_config``: ``overridden_keys``, ``contradictions``, ``resumed_config``);
 - ``resume_command``: the override that continues a run, as printed when it stops.
+
+What a command line sets (``overridden_keys``). A key (``trainer.max_steps=400``) sets itself. A group option
+(``trainer=ddp``) sets the keys where that option, composed, differs from the group's default, composed: removals
+included (``logger=csv`` drops ``logger.wandb``), and what its defaults list inherits or overrides (``control=`` and
+``experiment=`` options extend each other). That is Hydra's composition, so it is asked of Hydra rather than read
+from the option's file. What was typed cannot tell it: the overrides Hydra records (``.hydra/overrides.yaml``,
+``HydraConfig.overrides.task``) are the words ``trainer=ddp``, not the keys they set. What was typed decides the
+rest: the run's own choices, recorded in its checkpoint (``group_choices``) and restated on the resume's command line
+(``run_folder.with_run_choices``), set nothing (``restates_run_choice``), so a resume that names no other option
+composes nothing. An option that does differ is composed once per process: the group's default is composed once
+(``_default_config``) and each option's keys are kept (``group_option_keys``), per search path.
 
 Where a resume logs (Hydra's staging folder, the run folder's lock) is ``run_folder``'s.
 """
@@ -29,19 +38,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-import torch
-from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pe_geometry.configs import CONFIG_DIR as CONFIG_GROUPS_DIR
+from pe_geometry.training.checkpoint_io import (
+    LAST_CHECKPOINT,
+    find_checkpoint,
+    read_checkpoint_file,
+    run_folder_of,
+    saved_config,
+    saved_group_choices,
+    saved_wandb_id,
+)
 from pe_geometry.training.names import hydra_value
 from pe_geometry.training.run_folder import check_not_in_use
 from pe_geometry.training.validate import ConfigError
 
 log = logging.getLogger(__name__)
 
-LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"  # a run folder's last checkpoint
 # Settings that define what is being trained: a resume takes them from the checkpoint.
 FIXED_ON_RESUME = (
     "model", "pe", "embedding", "attention", "data", "optimizer", "seed", "run_name",
@@ -56,55 +70,7 @@ COLLECTIONS = ("logger", "callbacks")  # groups whose members are the choice its
 _ABSENT = object()  # a key a config does not have
 
 
-class RunLoadError(ConfigError):
-    """A run or checkpoint that cannot be loaded; the message is one line naming the file and why."""
-
-
-# -- the checkpoint --------------------------------------------------------------------------------------------------
-def find_checkpoint(given: str | Path, run_dir: Path | None = None) -> Path:
-    """The checkpoint file ``given`` names. For a resume (``run_dir``: the folder the run writes in) ``last`` is that
-    folder's ``checkpoints/last.ckpt`` and anything else a file, relative to where the command was typed; for a reader
-    of a finished run (no ``run_dir``) a run folder stands for its ``checkpoints/last.ckpt``. RunLoadError (a
-    ConfigError) when there is no such file."""
-    if run_dir is not None:
-        path = run_dir / LAST_CHECKPOINT if str(given) == "last" else Path(to_absolute_path(str(given))).expanduser()
-        where = f"at {path}"
-    else:
-        path, where = Path(given).expanduser(), "there"
-        if path.is_dir():
-            if not (path / LAST_CHECKPOINT).is_file():
-                raise RunLoadError(f"{path}: no checkpoint {path / LAST_CHECKPOINT}")
-            return path / LAST_CHECKPOINT
-    if not path.is_file():
-        raise RunLoadError(f"ckpt_path={given if run_dir is not None else path}: no checkpoint file {where}")
-    return path
-
-
-def run_folder_of(checkpoint: Path, default: Path) -> Path:
-    """The run a checkpoint belongs to: ``<run>`` for ``<run>/checkpoints/*.ckpt``; else ``default``."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else default
-
-
-def read_checkpoint_file(path: Path, required: tuple[str, ...] = ("state_dict",)) -> dict:
-    """The checkpoint at ``path`` (on the CPU), read once; a truncated or foreign file, or one without the
-    ``required`` entries, is one error line instead of a traceback from deep inside torch."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # ours carry numpy RNG states
-        for key in required:
-            checkpoint[key]  # noqa: B018 - raises KeyError when missing
-    except Exception as err:
-        reason = " ".join(str(err).split())  # torch's unpickling messages span lines: one line, as every error here
-        raise RunLoadError(f"ckpt_path={path} is not a readable Lightning checkpoint ({type(err).__name__}: {reason})") from None
-    return checkpoint
-
-
-def saved_config(checkpoint: dict) -> dict[str, Any] | None:
-    """The run's resolved config as the checkpoint carries it (``run_config``); None for a checkpoint pe-train did not
-    write."""
-    stored = checkpoint.get("run_config")
-    return stored if isinstance(stored, dict) else None
-
-
+# -- where a resume starts ---------------------------------------------------------------------------------------------
 def read_checkpoint(ckpt_path: str | None, output_dir: Path, branch: bool = False) -> tuple[Path | None, Path, int | None, dict | None]:
     """Where to resume from, which run directory to continue, at which step, and the checkpoint read.
 
@@ -184,24 +150,35 @@ def _global_group_keys(group: str, option: str, seen: frozenset[str] = frozenset
     return keys | set(flatten(node))
 
 
-def _composed(overrides: list[str]) -> dict:
-    """configs/train.yaml composed with ``overrides``, unresolved (Hydra's compose API: inside ``train.py`` it uses
-    the running app's search path; elsewhere, a test or a notebook, configs/ itself). Kept per search path: a check of
-    a resume composes the group's default once for each group option it reads."""
-    from hydra import compose, initialize_config_dir
+def _search_path() -> tuple | str:
+    """Where Hydra finds the config groups: inside ``train.py`` the running app's search path; elsewhere (a test, a
+    notebook) configs/ itself."""
     from hydra.core.global_hydra import GlobalHydra
 
     hydra = GlobalHydra.instance()
-    where = (tuple((e.provider, e.path) for e in hydra.config_loader().get_search_path().get_path())
-             if hydra.is_initialized() else str(CONFIG_GROUPS_DIR))
-    key = (tuple(overrides), where)
-    if key not in _COMPOSED:
-        with nullcontext() if hydra.is_initialized() else initialize_config_dir(str(CONFIG_GROUPS_DIR), version_base="1.3"):
-            _COMPOSED[key] = OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
-    return copy.deepcopy(_COMPOSED[key])
+    if not hydra.is_initialized():
+        return str(CONFIG_GROUPS_DIR)
+    return tuple((e.provider, e.path) for e in hydra.config_loader().get_search_path().get_path())
 
 
-_COMPOSED: dict[tuple, dict] = {}
+def _compose(overrides: list[str]) -> dict:
+    """configs/train.yaml composed with ``overrides``, unresolved (Hydra's compose API, on ``_search_path``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with nullcontext() if GlobalHydra.instance().is_initialized() else initialize_config_dir(str(CONFIG_GROUPS_DIR), version_base="1.3"):
+        return OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
+
+
+def _default_config(where: tuple | str) -> dict:
+    """The config with every group's default option, composed once per search path (read only)."""
+    if where not in _DEFAULT_CONFIG:
+        _DEFAULT_CONFIG[where] = _compose([])
+    return _DEFAULT_CONFIG[where]
+
+
+_DEFAULT_CONFIG: dict[tuple | str, dict] = {}
+_OPTION_KEYS: dict[tuple, frozenset[str]] = {}  # (group, option, search path) -> the keys the option sets
 
 
 def _differing(a: Any, b: Any, prefix: str = "") -> set[str]:
@@ -221,9 +198,17 @@ def group_option_keys(group: str, option: str) -> set[str]:
     """What ``<group>=<option>`` sets: the keys where that option differs from the group's default (``trainer=ddp``
     sets strategy and devices, not max_steps; ``logger=csv`` removes ``logger.wandb``; ``callbacks=no_geometry``
     removes ``callbacks.geometry`` only), and always its ``_target_`` (``pe=sinusoidal`` given on a RoPE run is
-    a contradiction even though sinusoidal is the default). Falls back to the whole group if it cannot compose."""
+    a contradiction even though sinusoidal is the default). Falls back to the whole group if it cannot compose.
+    Composed once per process for each option (the module docstring says why it is composed at all)."""
+    where = _search_path()
+    if (group, option, where) not in _OPTION_KEYS:
+        _OPTION_KEYS[group, option, where] = frozenset(_option_keys(group, option, where))
+    return set(_OPTION_KEYS[group, option, where])
+
+
+def _option_keys(group: str, option: str, where: tuple | str) -> set[str]:
     try:
-        default, chosen = _composed([]), _composed([f"{group}={option}"])
+        default, chosen = _default_config(where), _compose([f"{group}={option}"])
     except Exception:  # noqa: BLE001 - an option Hydra cannot compose here: the conservative answer
         return {group}
     keys = {k for k in _differing(default, chosen) if not k.startswith("hydra")}
@@ -453,21 +438,21 @@ def prepare_resume(cfg: DictConfig, overrides: list[str], choices: dict[str, Any
     if saved is None:
         log.warning("%s carries no run config: resuming with the config as given, unchecked", ckpt_path)
     else:
-        saved_choices = state.get("group_choices")
-        changes = apply_resume_config(cfg, saved, overrides, ckpt_path, run_dir, as_given, saved_choices, branch)
+        run_choices = saved_group_choices(state)
+        changes = apply_resume_config(cfg, saved, overrides, ckpt_path, run_dir, as_given, run_choices, branch)
         if branch:
             with open_dict(cfg):
                 cfg.branch = True  # the trunk's own config says false; this run is a branch of it
         # the run's choices, with those the command line changed (a resumed rope run stays pe=rope)
         given = {o.partition("=")[0]: o.partition("=")[2] for o in overrides if "=" in o and not o.startswith(("~", "+", "hydra"))}
-        choices = {**(saved_choices or choices), **{k: v for k, v in given.items() if k in choices}}
+        choices = {**(run_choices or choices), **{k: v for k, v in given.items() if k in choices}}
     if branch:
         log.info("branching from %s at step %d: a new run in %s", ckpt_path, step, run_dir)
     else:
         log.info("resuming %s at step %d: continuing in %s", ckpt_path, step, run_dir)
     with open_dict(cfg):
         cfg.paths.output_dir = str(run_dir)  # checkpoints and logs continue in the original run
-    return Resume(ckpt_path, run_dir, step, changes, choices, None if branch else state.get("wandb_run_id"))
+    return Resume(ckpt_path, run_dir, step, changes, choices, None if branch else saved_wandb_id(state))
 
 
 def resume_command(cfg: DictConfig) -> str:
@@ -475,18 +460,3 @@ def resume_command(cfg: DictConfig) -> str:
     quoted for Hydra and then for the shell, so that it runs as printed wherever the run folder is."""
     return shlex.quote(f"ckpt_path={hydra_value(str(Path(cfg.paths.output_dir) / LAST_CHECKPOINT))}")
 
-
-class RunConfigInCheckpoint(L.Callback):
-    """Puts the run's resolved config (``checkpoint["run_config"]``), its group choices (``pe=rope``, ``control=...``)
-    and its W&B run id in every checkpoint."""
-
-    def __init__(self, run_config: dict[str, Any], choices: dict[str, Any] | None = None) -> None:
-        self.run_config, self.choices = run_config, dict(choices or {})
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        checkpoint["run_config"] = self.run_config
-        checkpoint["group_choices"] = {k: v for k, v in self.choices.items() if not str(k).startswith("hydra")}
-        from pe_geometry.training.wandb_run import wandb_loggers  # a light import; wandb itself is only touched if used
-
-        for logger in wandb_loggers(trainer.loggers):
-            checkpoint["wandb_run_id"] = logger.version

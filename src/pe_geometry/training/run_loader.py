@@ -7,8 +7,8 @@ which rebuilds them the same way from the run's resolved config and loads the ch
     run = load_trained_run("outputs/<day>/<run>")      # or the checkpoint file itself
     run.model, run.tokenizer, run.config, run.step
 
-The config is the one stored in the checkpoint (``run_config``; ``training.resume`` finds the checkpoint and reads it,
-as a resume does). Every problem is one ``RunLoadError`` line naming the file.
+The config is the one stored in the checkpoint (``run_config``; ``training.checkpoint_io`` finds the checkpoint and
+reads it, as for a resume). Every problem is one ``RunLoadError`` line naming the file.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pe_geometry.model.transformer import LanguageModel
-from pe_geometry.training.resume import RunLoadError, find_checkpoint, read_checkpoint_file, saved_config
+from pe_geometry.training.checkpoint_io import RunLoadError, find_checkpoint, read_checkpoint_file, saved_config, saved_group_choices
 from pe_geometry.training.validate import ConfigError
 
 WEIGHTS_PREFIX = "model."  # LanguageModelTask keeps the network as ``self.model``
@@ -145,5 +145,5 @@ def load_trained_run(path: str | Path, device: str | torch.device = "cpu",
     load_weights(model, checkpoint, ckpt)
     return TrainedRun(
         config=cfg, datamodule=datamodule, model=model.to(device).eval(), step=int(checkpoint.get("global_step", -1)),
-        checkpoint_path=ckpt, choices=dict(checkpoint.get("group_choices") or {}),
+        checkpoint_path=ckpt, choices=dict(saved_group_choices(checkpoint) or {}),
     )
