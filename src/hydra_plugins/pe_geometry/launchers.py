@@ -38,7 +38,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 
 from pe_geometry.extras import stand_in
-from pe_geometry.training import sweep
+from pe_geometry.training import hydra_compat, sweep
 
 # Without the 'launchers' extra this module must still import: Hydra imports every hydra_plugins module on every
 # start. The classes below then derive from stand-ins that raise a one-line MissingExtraError when used.
@@ -65,10 +65,9 @@ def worker_env(n_jobs: int) -> dict[str, str]:
     """As joblib gives its loky workers: cpu_count // n_jobs threads each (unless set), so that n_jobs runs side by
     side do not oversubscribe the cores."""
     from joblib import cpu_count
-    from joblib._parallel_backends import ParallelBackendBase
 
     threads = str(max(cpu_count() // n_jobs, 1))
-    return {var: os.environ.get(var, threads) for var in ParallelBackendBase.MAX_NUM_THREADS_VARS}
+    return {var: os.environ.get(var, threads) for var in hydra_compat.joblib_thread_variables()}
 
 
 def how_it_died(err: BaseException) -> str:
@@ -96,12 +95,11 @@ def stop_when_orphaned(launcher_pid: int, poll_s: float = 0.5) -> None:
 
 
 def job_in_worker(launcher_pid: int, *job: Any) -> JobReturn:
-    """Hydra's ``execute_job`` in a loky worker, which dies with the sweep's process (``stop_when_orphaned``)."""
-    from hydra_plugins.hydra_joblib_launcher._core import execute_job
-
+    """The joblib plugin's job (``hydra_compat.execute_joblib_job``) in a loky worker, which dies with the sweep's
+    process (``stop_when_orphaned``)."""
     threading.Thread(target=stop_when_orphaned, args=(launcher_pid,), name="stop-when-orphaned", daemon=True).start()
     try:
-        return execute_job(*job)
+        return hydra_compat.execute_joblib_job(*job)
     finally:
         if os.getppid() != launcher_pid:  # no one to hand the result to: end here, not in loky's broken-pipe traceback
             sys.stdout.flush()
@@ -173,20 +171,16 @@ class _WaitForEveryJob:
     """The submitit plugin's ``launch``, with a job that died recorded instead of raised (see the module docstring)."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from unittest import mock
-
         import cloudpickle
-        from submitit.core.core import Job
         from submitit.core.utils import UncompletedJobError
 
-        results = Job.results
         sweep_dir = sweep.sweep_folder(self.config.hydra)
 
-        def results_or_record(job: Job) -> list[JobReturn]:
+        def results_or_record(results: Any, job: Any) -> list[JobReturn]:
             try:
                 return results(job)
             except UncompletedJobError:  # no result: killed, cancelled, out of memory or time, or an error Hydra raised
-                overrides, _, num, *_ = job.submission().args
+                num, overrides = hydra_compat.submitit_job(job)
                 how = f"submitit job {job.job_id} ended without a result (state {job.state}; its log: {job.paths.stderr})"
                 print(f"error: sweep {sweep.describe(num, overrides, how)}", file=sys.stderr)
                 sweep.record_killed_job(sweep_dir, num, overrides, how)
@@ -196,7 +190,7 @@ class _WaitForEveryJob:
         # sweep was): its class travels by value, so the job needs no hydra_plugins/ of this checkout on its sys.path.
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
         # The plugin reads the results inside its own launch; this is where a dead job's error can be caught.
-        with mock.patch.object(Job, "results", results_or_record):
+        with hydra_compat.submitit_results_read_by(results_or_record):
             return super().launch(job_overrides, initial_job_idx)
 
 

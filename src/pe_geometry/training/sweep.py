@@ -30,6 +30,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from pe_geometry.training.hydra_compat import job_error
+
 log = logging.getLogger(__name__)
 
 # Files, not a folder, beside the job folders and listed after them (a digit sorts before a letter): scripts that
@@ -169,7 +171,7 @@ class SweepReport(Callback):
         if (record is not None and record["status"] != "running") or num in _failed_here:
             return  # train.py recorded the failure, with its message (or tried to: a record left "running" is listed too)
         if job_return.status == JobStatus.FAILED:  # an error train.py did not catch (Hydra's sweeper stops at it)
-            error = job_return._return_value
+            error = job_error(job_return)  # (its public return_value raises it)
             write_record(sweep_dir, num, config.hydra.overrides.task, "failed", f"{type(error).__name__}: {error}")
         else:
             job_record_path(sweep_dir, num).unlink(missing_ok=True)
