@@ -227,8 +227,8 @@ def compose_train_config(overrides: list[str], output_dir: Path | None = None) -
 
     Hydra composes in two stages: the overrides that choose a group's option (``pe=rope``) build the defaults list
     and the config from its files (most of the 0.1 s a composition takes), then the others (``model.d_model=32``,
-    ``~callbacks.progress_bar``, ``+x.y=1``) are applied to that config, in order, by Hydra's own
-    ``_apply_overrides_to_config``. The first stage depends on the group choices alone, so it is composed once per
+    ``~callbacks.progress_bar``, ``+x.y=1``) are applied to that config, in order, by Hydra's own code
+    (``hydra_compat.apply_overrides``). The first stage depends on the group choices alone, so it is composed once per
     worker for each set of choices and copied; the second is Hydra's, as in a run. ~700 compositions in the fast tests
     took 95 s of their ~280. ``tests/test_configs.py`` checks that both ways give the same config, the same
     ``hydra.overrides`` and the same errors; ``PE_TEST_COMPOSE_CACHE=0`` composes every time."""
@@ -250,32 +250,30 @@ _by_group_choices: dict[tuple[str, ...], DictConfig] = {}
 
 
 def _compose_from_group_choices(overrides: list[str]) -> DictConfig:
-    """``compose(overrides)`` as its two stages (compose_train_config's docstring), the first from a cache."""
+    """``compose(overrides)`` as its two stages (compose_train_config's docstring), the first from a cache. Which
+    override is a group choice and how the others are applied is Hydra's own code (``training.hydra_compat``)."""
     import copy
 
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from pe_geometry.training import hydra_compat
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     if any(o.is_sweep_override() or o.is_hydra_override() for o in parsed):  # composed as they are
         return compose(config_name="train", overrides=overrides, return_hydra_config=True)
-    repo = GlobalHydra.instance().config_loader().repository  # type: ignore[attr-defined]
-    # the split Hydra's defaults list makes (hydra/_internal/defaults_list.py, Overrides.__init__)
-    is_choice = [repo.group_exists(o.key_or_group) and not isinstance(o.value(), dict) for o in parsed]
+    is_choice = [hydra_compat.is_group_choice(o) for o in parsed]
     key = tuple(o.input_line for o, choice in zip(parsed, is_choice) if choice)
     if key not in _by_group_choices:
         _by_group_choices[key] = compose(config_name="train", overrides=list(key), return_hydra_config=True)
     cfg = copy.deepcopy(_by_group_choices[key])
-    ConfigLoaderImpl._apply_overrides_to_config([o for o, choice in zip(parsed, is_choice) if not choice], cfg)
+    hydra_compat.apply_overrides([o for o, choice in zip(parsed, is_choice) if not choice], cfg)
     cfg.hydra.overrides.task = [o.input_line for o in parsed]
     cfg.hydra.runtime.cwd = os.getcwd()  # what else Hydra reads from the process when it composes
     job = cfg.hydra.job
     with open_dict(cfg.hydra):
         for name in job.env_copy:
             job.env_set[name] = os.environ[name]
-    job.override_dirname = get_overrides_dirname(overrides=parsed, kv_sep=job.config.override_dirname.kv_sep,
-                                                 item_sep=job.config.override_dirname.item_sep,
-                                                 exclude_keys=job.config.override_dirname.exclude_keys)
+    job.override_dirname = hydra_compat.override_dirname(parsed, job.config)
     return cfg
 
 

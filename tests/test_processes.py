@@ -262,7 +262,7 @@ def test_the_sweep_continuation_runs_as_printed_whatever_its_folder_and_values()
 # -- 8. a signal before training starts, or after its last step ----------------------------------------------------
 # train.py with one hook added: the process sends itself SIGINT at a known point of its start-up
 STARTUP_DRIVER = """
-import importlib.abc, os, runpy, signal, sys
+import contextlib, importlib.abc, os, runpy, signal, sys
 where, train_py = sys.argv.pop(1), sys.argv[1]
 
 def interrupt():
@@ -277,12 +277,8 @@ if where == "import":  # while main imports Lightning (torch with it)
             return None
     sys.meta_path.insert(0, Finder())
 elif where == "compose":  # while Hydra composes the config, before it makes the run folder
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    real_load = ConfigLoaderImpl.load_configuration
-    def load_configuration(self, *args, **kwargs):
-        interrupt()
-        return real_load(self, *args, **kwargs)
-    ConfigLoaderImpl.load_configuration = load_configuration
+    from pe_geometry.training.hydra_compat import calling_when_composing
+    hooked = calling_when_composing(interrupt)
 else:  # once the data (or the model) is built, in the run folder it holds
     import pe_geometry.training.pipeline as pipeline
     name = {"data": "build_datamodule", "model": "build_model"}[where]
@@ -293,7 +289,8 @@ else:  # once the data (or the model) is built, in the run folder it holds
         return built
     setattr(pipeline, name, build)
 sys.argv = sys.argv[1:]
-runpy.run_path(train_py, run_name="__main__")
+with hooked if where == "compose" else contextlib.nullcontext():
+    runpy.run_path(train_py, run_name="__main__")
 """
 
 
@@ -334,7 +331,8 @@ else:  # while Python tears its modules down, after it has reset every handler t
             kill(pid, sig)
     late = SignalAtTeardown()
 sys.argv = sys.argv[1:]
-runpy.run_path(train_py, run_name="__main__")
+with hooked if where == "compose" else contextlib.nullcontext():
+    runpy.run_path(train_py, run_name="__main__")
 """
 
 
