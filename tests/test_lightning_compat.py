@@ -4,6 +4,7 @@ release that moves one of them fails here, by name, rather than somewhere inside
 
 from __future__ import annotations
 
+import re
 import signal
 from datetime import timedelta
 
@@ -11,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, TensorDataset
@@ -152,3 +153,18 @@ def test_a_wandb_init_argument_is_left_out(tmp_path):
     assert "anonymous" in logger._wandb_init  # what the function exists for: Lightning passes it
     compat.drop_wandb_init_argument(logger, "anonymous")
     assert "anonymous" not in logger._wandb_init and compat.started_experiment(logger) is None  # and nothing started
+
+
+def test_the_summary_table_is_lightnings_own_from_the_columns_its_summary_gets(tmp_path):
+    received = {}
+
+    class Recording(ModelSummary):
+        @staticmethod
+        def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes, *args, **kwargs):
+            received.update(columns=summary_data, sizes=(total_parameters, trainable_parameters, model_size, total_training_modes))
+
+    trainer(tmp_path, [Recording()], enable_model_summary=True, max_steps=1).fit(Tiny())
+    assert [name for name, _ in received["columns"]][:3] == [" ", "Name", "Type"] and received["sizes"][:2] == (3, 3)
+    table = compat.summary_table(received["columns"], *received["sizes"])
+    assert re.search(r"^\s*0\s*\|\s*layer\s*\|\s*Linear\s*\|\s*3\s*\|", table, re.M)  # Tiny's 2 -> 1 layer
+    assert re.search(r"^3\s+Total params$", table, re.M) and table.splitlines()[-1].endswith("Total Flops")

@@ -4,7 +4,7 @@ pyproject.toml allows ``lightning>=2.6,<2.7``; each function says the versions i
 ``tests/test_lightning_compat.py`` runs every one against a real ``Trainer``, which CI does at both bounds (``.ci/run``:
 the newest allowed versions, then the lowest, ``.ci/lowest_constraints.py``). Why each is needed (there is no public
 way to do it) is said where it is used: ``training.interrupt`` (the stop signals), ``training.callbacks`` (the step
-checkpoint, the CSV logger), ``training.pipeline`` (the W&B logger).
+checkpoint, the CSV logger), ``training.pipeline`` (the W&B logger), ``training.progress`` (the parameter summary).
 """
 
 from __future__ import annotations
@@ -108,3 +108,15 @@ def drop_wandb_init_argument(logger: Any, name: str) -> None:
     default, which newer wandb deprecates with a warning). Checked at Lightning 2.6.0 and 2.6.6
     (``WandbLogger._wandb_init``)."""
     logger._wandb_init.pop(name, None)
+
+
+# -- the model summary ----------------------------------------------------------------------------------------------
+def summary_table(columns: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int, model_size: float,
+                  total_training_modes: dict[str, int]) -> str:
+    """Lightning's own model-summary table of ``columns`` (what ``ModelSummary.summarize`` gets), its FLOPs total 0 (it
+    ends in a "Total Flops" line). Checked at Lightning 2.6.0 and 2.6.6
+    (``lightning.pytorch.utilities.model_summary.model_summary._format_summary_table``: total, trainable, size in MB,
+    ``{"train": n, "eval": n}``, total FLOPs, then the columns)."""
+    from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+    return _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes, 0, *columns)

@@ -26,6 +26,8 @@ from annotated_types import Ge
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from tqdm import tqdm
 
+from pe_geometry.training.lightning_compat import summary_table
+
 log = logging.getLogger("train")
 
 
@@ -155,13 +157,6 @@ class ParameterSummary(ModelSummary):
     @staticmethod
     def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes, *args, **kwargs) -> None:
         columns = [column for column in summary_data if column[0] != "FLOPs"]
-        table = _lightning_summary_table(columns, total_parameters, trainable_parameters, model_size, total_training_modes)
+        table = summary_table(columns, total_parameters, trainable_parameters, model_size, total_training_modes)
         log.info("\n%s", "\n".join(line for line in table.splitlines() if not line.endswith("Total Flops")))
 
-
-def _lightning_summary_table(columns, total_parameters, trainable_parameters, model_size, total_training_modes) -> str:
-    """Lightning's own table layout. Its formatter is private: checked against Lightning 2.6.0 and 2.6.6, where it
-    takes (total, trainable, size in MB, {"train": n, "eval": n}, total FLOPs, *columns) and ends in a "Total Flops" line."""
-    from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
-
-    return _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes, 0, *columns)
