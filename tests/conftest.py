@@ -231,19 +231,43 @@ def compose_train_config(overrides: list[str], output_dir: Path | None = None) -
     (``hydra_compat.apply_overrides``). The first stage depends on the group choices alone, so it is composed once per
     worker for each set of choices and copied; the second is Hydra's, as in a run. ~700 compositions in the fast tests
     took 95 s of their ~280. ``tests/test_configs.py`` checks that both ways give the same config, the same
-    ``hydra.overrides`` and the same errors; ``PE_TEST_COMPOSE_CACHE=0`` composes every time."""
+    ``hydra.overrides`` and the same errors; ``PE_TEST_COMPOSE_CACHE=0`` composes every time. The default config
+    (no override) is a fixture, as in the lightning-hydra-template: composed once per session
+    (``default_train_config_global``), a copy per test (``default_train_config``)."""
+    return as_a_run(_compose_with_hydra_node(overrides), output_dir)
+
+
+def as_a_run(composed: DictConfig, output_dir: Path | None = None) -> DictConfig:
+    """A composed config (with its ``hydra`` node) as a run's ``cfg``: ``${hydra:...}`` resolving against its hydra
+    node, which the run's config has not, and its output in ``output_dir``."""
+    HydraConfig.instance().set_config(composed)  # makes ${hydra:...} resolve as in a real run
+    with open_dict(composed):
+        del composed["hydra"]  # a real run's cfg has no hydra node either
+        if output_dir is not None:
+            composed.paths.output_dir = str(output_dir)
+    return composed
+
+
+def _compose_with_hydra_node(overrides: list[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         if os.environ.get("PE_TEST_COMPOSE_CACHE") == "0":
-            cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
-        else:
-            cfg = _compose_from_group_choices(overrides)
-    HydraConfig.instance().set_config(cfg)  # makes ${hydra:...} resolve as in a real run
-    with open_dict(cfg):
-        del cfg["hydra"]  # a real run's cfg has no hydra node either
-        if output_dir is not None:
-            cfg.paths.output_dir = str(output_dir)
-    return cfg
+            return compose(config_name="train", overrides=overrides, return_hydra_config=True)
+        return _compose_from_group_choices(overrides)
+
+
+@pytest.fixture(scope="session")
+def default_train_config_global() -> DictConfig:
+    """configs/train.yaml with every default, as ``python train.py`` composes it, once per session (with its ``hydra``
+    node): not for a test to change. A test takes its own copy, ``default_train_config``."""
+    return _compose_with_hydra_node([])
+
+
+@pytest.fixture
+def default_train_config(default_train_config_global, tmp_path) -> DictConfig:
+    """A copy of the default config (``compose_train_config([], tmp_path)``), for this test alone: its output in
+    ``tmp_path``. (``DictConfig.copy`` copies every node, so the session's stays as composed.)"""
+    return as_a_run(default_train_config_global.copy(), tmp_path)
 
 
 _by_group_choices: dict[tuple[str, ...], DictConfig] = {}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -151,8 +150,8 @@ def test_every_launcher_config_says_which_plugin_it_needs():
     assert configs and configs <= set(LAUNCHER_MODULES)
 
 
-def test_the_default_loggers_without_wandb_keep_csv_with_one_warning(monkeypatch):
-    cfg = compose_train_config([], output_dir=Path("/tmp/run"))
+def test_the_default_loggers_without_wandb_keep_csv_with_one_warning(monkeypatch, default_train_config, tmp_path):
+    cfg = default_train_config
     assert set(cfg.logger) == {"csv", "wandb"}
     kept, lines = without_unavailable_loggers(cfg.logger)
     assert set(kept) == {"csv", "wandb"} and lines == []
@@ -160,7 +159,7 @@ def test_the_default_loggers_without_wandb_keep_csv_with_one_warning(monkeypatch
     block(monkeypatch, "wandb")
     kept, lines = without_unavailable_loggers(cfg.logger)
     assert list(kept) == ["csv"]
-    assert kept["csv"].save_dir == "/tmp/run"  # the node itself: its interpolations still resolve in the whole config
+    assert kept["csv"].save_dir == str(tmp_path)  # the node itself: its interpolations still resolve in the whole config
     assert lines == ["logger.wandb needs wandb, which is not installed: pip install 'pe-geometry[wandb]'; this run logs without it"]
 
 

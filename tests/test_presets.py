@@ -84,9 +84,9 @@ def test_gpt2_small_settings_carry_over_to_data_hf(tmp_path):
     assert (cfg.data.seq_len, cfg.data.vocab_size, cfg.data.batch_size) == (SEQ, VOCAB, 16)
 
 
-def test_trainer_gpu_sets_the_gpu_speed_options(tmp_path, monkeypatch):
+def test_trainer_gpu_sets_the_gpu_speed_options(tmp_path, monkeypatch, default_train_config):
     gpu_available(monkeypatch)
-    default = compose_train_config([], output_dir=tmp_path)
+    default = default_train_config
     cfg = compose_train_config(["trainer=gpu"], output_dir=tmp_path)
     check_config(cfg)
     assert (cfg.trainer.accelerator, cfg.trainer.devices, cfg.trainer.precision) == ("gpu", 1, "bf16-mixed")

@@ -133,8 +133,8 @@ def test_every_bad_value_is_one_line_naming_the_key_and_what_is_valid(overrides,
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
-def test_the_shipped_defaults_pass_and_keep_their_types(tmp_path):
-    cfg = compose_train_config([], tmp_path)
+def test_the_shipped_defaults_pass_and_keep_their_types(default_train_config):
+    cfg = default_train_config
     before = OmegaConf.to_container(cfg)
     check_config(cfg)
     assert OmegaConf.to_container(cfg) == before  # nothing coerced, interpolations kept
