@@ -14,7 +14,9 @@ from tests.conftest import CONFIG_DIR, PE_TYPES, causal_only
 def pe_factory(name: str, seq_len: int = 64, **overrides):
     """The PE exactly as its config group builds it (``${data.seq_len}`` as a run of ``seq_len`` resolves it):
     new yaml files are tested automatically."""
-    cfg = OmegaConf.create({"data": {"seq_len": seq_len}, "pe": OmegaConf.load(CONFIG_DIR / "pe" / f"{name}.yaml")})
+    node = OmegaConf.load(CONFIG_DIR / "pe" / f"{name}.yaml")
+    node.pop("defaults")  # the stored settings node it extends: the class's own defaults, which building fills in
+    cfg = OmegaConf.create({"data": {"seq_len": seq_len}, "pe": node})
     cfg.pe.merge_with(overrides)
     return instantiate(cfg.pe)
 
