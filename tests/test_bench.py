@@ -1,0 +1,125 @@
+"""pe-bench (cli/bench.py): one console script, a subcommand per benchmark (pe_geometry/benchmarks/), each with the
+options its script in experiments/ took; bad input is one ``error:`` line and exit code 2, before any run is read."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pe_geometry.cli.bench import BENCHMARKS, cli, parser
+
+# every option each benchmark takes (its script in experiments/ took the same, less pretrained's --trained*)
+OPTIONS = {
+    "extrapolation": {"--include-unfinished", "--out", "--multipliers", "--target-len", "--scalings", "--mask-draws",
+                      "--cache", "--keep", "--relabel"},
+    "tasks": {"--include-unfinished", "--out", "--multipliers", "--examples", "--seed", "--bootstrap", "--depth-bins",
+              "--cache", "--quick", "--contrast", "--contrast-at", "--plan", "--contrast-tasks"},
+    "pretrained": {"--out", "--models", "--quick", "--force", "--no-band", "--presets", "--trained", "--trained-geometry"},
+    "training-length": {"--root", "--plan", "--jobs", "--out", "--set"},
+    "generation-context": {"--times", "--samples", "--seed", "--prompt", "--json"},
+}
+
+
+def run_cli(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["pe-bench", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        cli()
+    return stopped.value.code, capsys.readouterr().err
+
+
+def error_line(err: str) -> str:
+    """The last stderr line, which must be the only ``error:`` line (argparse prints its usage above it)."""
+    lines = [line for line in err.strip().splitlines() if line]
+    assert "Traceback" not in err and sum("error:" in line for line in lines) == 1, err
+    return lines[-1]
+
+
+def test_every_benchmark_has_its_options():
+    _, subparsers = parser()
+    assert set(subparsers) == set(BENCHMARKS) == set(OPTIONS)
+    for name, sub in subparsers.items():
+        taken = {o for action in sub._actions for o in action.option_strings if o.startswith("--")} - {"--help"}
+        assert taken == OPTIONS[name], name
+
+
+def test_the_benchmarks_import_nothing_from_experiments():
+    package = Path(importlib.import_module("pe_geometry.benchmarks").__file__).parent
+    for path in [*package.glob("*.py"), Path(importlib.import_module("pe_geometry.cli.bench").__file__)]:
+        text = path.read_text()
+        assert "experiments" not in [line.split()[1].split(".")[0] for line in text.splitlines()
+                                     if line.lstrip().startswith(("import ", "from "))], path
+        assert "sys.path" not in text, path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tasks", "x", "--out", "y", "--examples", "0"], "pe-bench tasks: error: --examples, --bootstrap and every multiplier must be >= 1"),
+    (["tasks", "x", "--out", "y", "--multipliers", "1", "0"], "every multiplier must be >= 1"),
+    (["tasks", "x", "--out", "y", "--contrast-tasks", "sorting"], "argument --contrast-tasks: invalid choice: 'sorting'"),
+    (["extrapolation", "x", "--out", "y", "--relabel", "a=b"], "pe-bench extrapolation: error: --relabel takes OLD=NEW pairs, with --keep"),
+    (["extrapolation", "x", "--out", "y", "--multipliers", "two"], "argument --multipliers: invalid int value: 'two'"),
+    (["pretrained"], "the following arguments are required: --out"),
+    (["training-length", "fit"], "argument step: invalid choice: 'fit'"),
+    (["sorting"], "pe-bench: error: argument BENCHMARK: invalid choice: 'sorting'"),
+    ([], "pe-bench: error: the following arguments are required: BENCHMARK"),
+])
+def test_a_bad_value_is_one_error_line_and_exit_code_2(argv, message, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(argv, monkeypatch, capsys)
+    assert code == 2 and message in error_line(err)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_no_runs_or_no_plan_is_one_error_line_before_anything_is_written(monkeypatch, capsys, tmp_path):
+    code, err = run_cli(["tasks", str(tmp_path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
+    assert code == 2 and error_line(err).startswith("error: no run with checkpoints/last.ckpt under")
+    monkeypatch.chdir(tmp_path)  # no experiments/plans/ here: a user's folder
+    code, err = run_cli(["training-length", "score"], monkeypatch, capsys)
+    assert code == 2 and error_line(err).startswith("error: --plan experiments/plans/training_length.yaml: no such file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_benchmark_without_its_extra_is_one_error_line_before_any_run_is_read(monkeypatch, capsys, tmp_path):
+    """pe-bench extrapolation in an install without matplotlib (the report extra): refused before scoring for hours."""
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    # imported anew, as in a process that has never had matplotlib
+    monkeypatch.delitem(sys.modules, "pe_geometry.benchmarks.extrapolation_report", raising=False)
+    code, err = run_cli(["extrapolation", str(tmp_path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
+    line = error_line(err)
+    assert code == 2 and line.startswith("error: pe-bench extrapolation's figures needs matplotlib")
+    assert line.endswith("pip install 'pe-geometry[report]'")
+
+
+def pe_bench() -> str:
+    """The console script pip installed beside this interpreter."""
+    script = Path(sys.executable).parent / "pe-bench"
+    if not script.is_file():
+        pytest.skip("pe-bench is not installed beside this Python (pip install -e . installs it)")
+    return str(script)
+
+
+@pytest.mark.slow  # a pe-bench process per benchmark
+@pytest.mark.parametrize("benchmark", [None, *BENCHMARKS])
+def test_the_console_script_and_every_benchmark_answer_help(benchmark, tmp_path):
+    argv = [pe_bench(), *([benchmark] if benchmark else []), "--help"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith(f"usage: pe-bench {benchmark or '[-h] BENCHMARK'}")
+    if benchmark is None:
+        assert all(name in result.stdout for name in BENCHMARKS)
+    else:
+        assert all(option in result.stdout for option in OPTIONS[benchmark])
+
+
+@pytest.mark.slow  # a pe-bench process
+def test_the_console_script_refuses_a_bad_value_in_one_error_line(tmp_path):
+    result = subprocess.run([pe_bench(), "tasks", str(tmp_path), "--out", str(tmp_path / "out"), "--bootstrap", "0"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert error_line(result.stderr) == "pe-bench tasks: error: --examples, --bootstrap and every multiplier must be >= 1"
+    assert not (tmp_path / "out").exists()
