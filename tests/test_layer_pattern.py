@@ -176,20 +176,15 @@ def test_the_presets_mirror_the_shipped_checkpoints_position_schemes(tmp_path):
 
 def test_a_patterned_or_partial_rope_run_is_an_arm_of_its_own():
     """The report and the benchmarks group runs by arm: a layer pattern or a partial rotation never pools with
-    plain RoPE (analysis.runs.arm_labels, experiments/extrapolation.py's arm_label)."""
-    import importlib.util
-
+    plain RoPE (analysis.runs.arm_labels, benchmarks/arms.py's arm_label)."""
     from omegaconf import OmegaConf
 
     from pe_geometry.analysis.runs import arm_labels
-    from tests.conftest import ROOT
+    from pe_geometry.benchmarks.arms import arm_label
 
     config = {"model": {"layer_pattern": [{}, {}, {}, {"pe": "none"}]}, "pe": {"rotary_fraction": 0.5, "partial_rotary": "p_rope"}}
     assert arm_labels(config) == ["rotary_fraction 0.5", "p_rope", "layers [=; =; =; none]"]
     assert arm_labels({"model": {"layer_pattern": None}, "pe": {"rotary_fraction": 1.0}}) == []
-    spec = importlib.util.spec_from_file_location("extrapolation_script", ROOT / "experiments" / "extrapolation.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     local_global = OmegaConf.create({"model": {"layer_pattern": LOCAL_GLOBAL[-2:]},
                                      "pe": {"_target_": "pe_geometry.model.RotaryPE"}})
-    assert script.arm_label("rope", local_global) == "rope (layers [base 10000 w4; base 1e+06 w all])"
+    assert arm_label("rope", local_global) == "rope (layers [base 10000 w4; base 1e+06 w all])"

@@ -89,9 +89,7 @@ def test_a_nope_layer_adds_nothing_and_an_alibi_layer_with_zero_queries_is_all_p
 
 
 def test_the_report_adds_every_layers_share_and_the_benchmarks_reader_still_reads_it():
-    import importlib.util
-
-    from tests.conftest import ROOT
+    from pe_geometry.benchmarks.extrapolation_scoring import summarise_attention
 
     idx = tokens()
     rope = pa.position_attention_report(patterned("rope", LOCAL_GLOBAL, n_layers=4), idx, n_draws=2)
@@ -100,9 +98,6 @@ def test_the_report_adds_every_layers_share_and_the_benchmarks_reader_still_read
     assert rope["positional_share_layers"][0] == pytest.approx(rope["positional_share"], abs=1e-12)
     assert learned["positional_share_layers"][1:] == [None]
     assert learned["positional_share_layers"][0] == pytest.approx(learned["positional_share"], abs=1e-12)
-    spec = importlib.util.spec_from_file_location("extrapolation_script", ROOT / "experiments" / "extrapolation.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    summary = script.summarise_attention([rope, rope])
+    summary = summarise_attention([rope, rope])
     assert summary["positional_share"]["mean"] == pytest.approx(sum(rope["positional_share"]) / 4)
     assert len(summary["distance_ratio"]) == 4

@@ -1,9 +1,9 @@
-"""experiments/length_tasks.py: the quick length-tasks sweep (experiment=length_tasks_quick) trained and read at
-1x/2x/4x, its table's shape, every accuracy and interval in [0, 1], the chance line where window_chance puts it."""
+"""pe-bench tasks (pe_geometry/benchmarks/length_tasks*.py): the quick length-tasks sweep (experiment=length_tasks_quick)
+trained and read at 1x/2x/4x, its table's shape, every accuracy and interval in [0, 1], the chance line where
+window_chance puts it; the contrasts and the analysis plan (benchmarks/task_contrasts.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,50 +12,42 @@ import numpy as np
 import pytest
 import torch
 
+from pe_geometry.benchmarks import length_tasks_scoring as scoring
+from pe_geometry.benchmarks import task_contrasts
+from pe_geometry.cli.bench import main as bench
 from pe_geometry.data.task_datamodule import batch_seed
 from pe_geometry.data.tasks import window_chance
 from tests import forkserver
 from tests.conftest import ROOT, compose_train_config
 
-SCRIPT = ROOT / "experiments" / "length_tasks.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("length_tasks_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_the_evaluation_examples_depend_on_the_seed_task_and_length_alone():
-    script = load_script()
     settings = {"task": "copy", "seq_len": 16, "passkey_digits": 5, "key_len": 2}
-    a, b = script.examples(settings, 2, 8, seed=0), script.examples(settings, 2, 8, seed=0)
+    a, b = scoring.examples(settings, 2, 8, seed=0), scoring.examples(settings, 2, 8, seed=0)
     assert torch.equal(a.blocks, b.blocks) and a.blocks.shape == (8, 33)
-    assert not torch.equal(script.examples(settings, 2, 8, seed=1).blocks, a.blocks)
-    seeds = {script.eval_seed(0, task, m, 64) for task in ("copy", "passkey") for m in (1, 2, 4)}
+    assert not torch.equal(scoring.examples(settings, 2, 8, seed=1).blocks, a.blocks)
+    seeds = {scoring.eval_seed(0, task, m, 64) for task in ("copy", "passkey") for m in (1, 2, 4)}
     assert len(seeds) == 6  # a stream of its own per task and length
     assert not seeds & {batch_seed(0, split, i) for split in ("train", "validation") for i in range(100)}
 
 
 def test_the_bootstrap_interval_holds_the_rate_and_is_paired_across_runs():
-    script = load_script()
     scores = {"exact_match": np.array([1.0, 0.0, 1.0, 1.0]), "correct": np.array([3.0, 1.0, 3.0, 3.0]),
               "n_answer": np.array([3.0, 3.0, 3.0, 3.0])}
-    point = script.rates(scores)
+    point = scoring.rates(scores)
     assert point == {"exact_match": 0.75, "token_accuracy": 10 / 12}
-    greedy = script.rates({**scores, "greedy_exact_match": np.array([0.0, 0.0, 1.0, 1.0]),
+    greedy = scoring.rates({**scores, "greedy_exact_match": np.array([0.0, 0.0, 1.0, 1.0]),
                            "greedy_first_token": np.array([1.0, 0.0, 1.0, 1.0])})
     assert greedy["greedy_exact_match"] == 0.5 and greedy["greedy_first_token"] == 0.75
     # past the window: exact match of the beyond examples alone (two of them, one right); none beyond: undefined
-    past = script.rates({**scores, "greedy_exact_match": np.array([0.0, 1.0, 1.0, 1.0]), "beyond": np.array([1, 1, 0, 0])})
+    past = scoring.rates({**scores, "greedy_exact_match": np.array([0.0, 1.0, 1.0, 1.0]), "beyond": np.array([1, 1, 0, 0])})
     assert past["greedy_exact_match_beyond_L"] == 0.5
-    assert script.rates({**scores, "greedy_exact_match": np.ones(4), "beyond": np.zeros(4)})["greedy_exact_match_beyond_L"] is None
-    boot = script.rates(scores, script.resamples(4, 500, seed=0))
+    assert scoring.rates({**scores, "greedy_exact_match": np.ones(4), "beyond": np.zeros(4)})["greedy_exact_match_beyond_L"] is None
+    boot = scoring.rates(scores, scoring.resamples(4, 500, seed=0))
     for metric in ("exact_match", "token_accuracy"):  # teacher-forced scores only (older results): no greedy keys
-        low, high = script.interval(boot[metric])
+        low, high = scoring.interval(boot[metric])
         assert 0.0 <= low <= point[metric] <= high <= 1.0
-    assert np.array_equal(script.resamples(4, 5, seed=3), script.resamples(4, 5, seed=3))
+    assert np.array_equal(scoring.resamples(4, 5, seed=3), scoring.resamples(4, 5, seed=3))
 
 
 def test_the_sweep_configs_compose(tmp_path):
@@ -66,15 +58,14 @@ def test_the_sweep_configs_compose(tmp_path):
 
 
 @pytest.mark.slow  # trains two runs in a subprocess (a Hydra multirun), ~1 min on an idle 2-vCPU VM
-def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
+def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys, monkeypatch):
     sweep = tmp_path / "sweep"
     result = forkserver.run(
         [sys.executable, str(ROOT / "train.py"), "-m", "experiment=length_tasks_quick", "logger=csv",
          f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
-    script = load_script()
-    payload = script.main([str(sweep), "--out", str(out), "--quick", "--contrast", "rope", "none"])
+    payload = bench(["tasks", str(sweep), "--out", str(out), "--quick", "--contrast", "rope", "none"])
 
     assert payload["multipliers"] == [1, 2, 4]
     (contrast,) = payload["contrasts"]  # one seed each: the only split is the observed one
@@ -86,7 +77,7 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
         for m in ("1", "2", "4"):
             cell = run["lengths"][m]
             assert cell["seq_len"] == 16 * int(m) and cell["examples"] == 128
-            for metric in script.METRICS:
+            for metric in scoring.METRICS:
                 low, high = cell[f"{metric}_ci"]
                 if metric == "greedy_exact_match_beyond_L" and m == "1":  # nothing lies past L at L
                     assert cell[metric] is None and cell["examples_beyond_L"] == 0
@@ -95,7 +86,7 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
             assert m == "1" or cell["examples_beyond_L"] > 0
     for family in payload["summary"]["copy"].values():
         assert family["seeds"] == [0] and sorted(family["lengths"]) == ["1", "2", "4"]
-        assert all(0.0 <= c[metric] <= 1.0 for m, c in family["lengths"].items() for metric in script.METRICS
+        assert all(0.0 <= c[metric] <= 1.0 for m, c in family["lengths"].items() for metric in scoring.METRICS
                    if not (m == "1" and metric == "greedy_exact_match_beyond_L"))
 
     # per example: the answer the model wrote by greedy decoding, so any reading can be recomputed
@@ -106,7 +97,7 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
     # the chance line is window_chance at the training length on the very examples scored
     settings = {"task": "copy", "seq_len": 16, "passkey_digits": 5, "key_len": 2}
     for m in (1, 2, 4):
-        token, exact = window_chance(script.examples(settings, m, 128, seed=0), 16)
+        token, exact = window_chance(scoring.examples(settings, m, 128, seed=0), 16)
         line = payload["chance"]["copy"]["16"][str(m)]["window"]
         assert (line["token_accuracy"], line["exact_match"]) == (token, exact)
     assert payload["chance"]["copy"]["16"]["1"]["window"]["token_accuracy"] == 1.0  # every source within L at 1x
@@ -142,21 +133,20 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys):
 
     # --cache: a second scoring of the same runs reads every run's scores back instead of scoring it again
     cache = tmp_path / "cache"
-    first = script.main([str(sweep), "--out", str(tmp_path / "out1"), "--quick", "--cache", str(cache)])
+    first = bench(["tasks", str(sweep), "--out", str(tmp_path / "out1"), "--quick", "--cache", str(cache)])
     assert len(list(cache.glob("*.json"))) == 2
 
     def not_again(*args, **kwargs):
         raise AssertionError("a cached run was scored again")
 
-    script.score_run = not_again
-    again = script.main([str(sweep), "--out", str(tmp_path / "out2"), "--quick", "--cache", str(cache)])
+    monkeypatch.setattr(scoring, "score_run", not_again)
+    again = bench(["tasks", str(sweep), "--out", str(tmp_path / "out2"), "--quick", "--cache", str(cache)])
     assert again["summary"] == first["summary"] == payload["summary"] and again["chance"] == payload["chance"]
     assert (out / "length_tasks.png").stat().st_size > 10_000
     assert "wrote" in capsys.readouterr().out
 
 
 def test_the_families_whose_seeds_disagree_are_named_for_two_more_seeds():
-    script = load_script()
 
     def cell(low, high, seeds=3):
         return {"seeds": seeds, "exact_match_min": low, "exact_match_max": high, "token_accuracy_min": low,
@@ -165,28 +155,26 @@ def test_the_families_whose_seeds_disagree_are_named_for_two_more_seeds():
     summary = {"copy": {"rope": {"lengths": {"1": cell(0.0, 0.9)}}, "none": {"lengths": {"1": cell(0.1, 0.2)}},
                         "alibi": {"lengths": {"1": cell(0.0, 0.9, seeds=5)}}},
                "passkey": {"learned": {"lengths": {"1": {"na": "past the table"}}}}}
-    assert script.disagreeing(summary, [1, 2]) == {"copy": ["rope"]}  # 5 seeds already: not due again
+    assert scoring.disagreeing(summary, [1, 2]) == {"copy": ["rope"]}  # 5 seeds already: not due again
 
 
 def test_an_arm_is_named_against_the_suites_depth_for_its_task(tmp_path):
     """Associative recall is trained at 4 layers and the other tasks at 2: a 4-layer copy run (the per-layer schemes'
     RoPE control) is 'rope (4 layers)', never pooled with the suite's 'rope', and a 4-layer recall run is 'rope'."""
-    script = load_script()
     deep = compose_train_config(["experiment=length_tasks", "pe=rope", "model.n_layers=4"], tmp_path)
     shallow = compose_train_config(["experiment=length_tasks", "pe=rope"], tmp_path)
-    assert script.task_arm("rope", deep, "copy") == "rope (4 layers)"
-    assert script.task_arm("rope", deep, "associative_recall") == "rope"
-    assert script.task_arm("rope", shallow, "passkey") == "rope"
-    assert script.task_arm("rope", shallow, "associative_recall") == "rope (2 layers)"
+    assert scoring.task_arm("rope", deep, "copy") == "rope (4 layers)"
+    assert scoring.task_arm("rope", deep, "associative_recall") == "rope"
+    assert scoring.task_arm("rope", shallow, "passkey") == "rope"
+    assert scoring.task_arm("rope", shallow, "associative_recall") == "rope (2 layers)"
 
 
 def test_a_contrast_is_an_exact_permutation_test_over_seeds_with_holm():
-    script = load_script()
     # 3 v 3, fully separated: 2 of the 20 splits are as extreme (this one and its mirror)
-    c = script.seed_contrast([0.6, 0.7, 0.8], [0.1, 0.2, 0.3])
+    c = task_contrasts.seed_contrast([0.6, 0.7, 0.8], [0.1, 0.2, 0.3])
     assert c["difference"] == pytest.approx(0.5) and c["p"] == pytest.approx(2 / 20) and c["seeds"] == [3, 3]
-    assert script.seed_contrast([0.1, 0.2, 0.3], [0.1, 0.2, 0.3])["p"] == 1.0  # the same values: every split as extreme
-    five = script.seed_contrast([0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5])
+    assert task_contrasts.seed_contrast([0.1, 0.2, 0.3], [0.1, 0.2, 0.3])["p"] == 1.0  # the same values: every split as extreme
+    five = task_contrasts.seed_contrast([0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5])
     assert five["p"] == pytest.approx(2 / 252)
 
     def run(task, family, seed, acc):
@@ -194,27 +182,26 @@ def test_a_contrast_is_an_exact_permutation_test_over_seeds_with_holm():
 
     runs = ([run("passkey", "a", s, 0.6 + 0.1 * s) for s in range(3)] + [run("passkey", "b", s, 0.1 * s) for s in range(3)]
             + [run("copy", "a", s, 0.5) for s in range(3)])  # copy has no 'b': not tested there
-    rows = script.contrasts(runs, [("a", "b")], 4)
+    rows = task_contrasts.contrasts(runs, [("a", "b")], 4)
     assert [(r["task"], r["arm"], r["control"]) for r in rows] == [("passkey", "a", "b")]
     assert rows[0]["p_holm"] == pytest.approx(rows[0]["p"]) and rows[0]["arm_mean"] == pytest.approx(0.7)
-    assert [r["task"] for r in script.contrasts(runs + [run("copy", "b", 0, 0.1)], [("a", "b")], 4)] == ["copy", "passkey"]
-    assert [r["task"] for r in script.contrasts(runs + [run("copy", "b", 0, 0.1)], [("a", "b")], 4, ["copy"])] == ["copy"]
+    assert [r["task"] for r in task_contrasts.contrasts(runs + [run("copy", "b", 0, 0.1)], [("a", "b")], 4)] == ["copy", "passkey"]
+    assert [r["task"] for r in task_contrasts.contrasts(runs + [run("copy", "b", 0, 0.1)], [("a", "b")], 4, ["copy"])] == ["copy"]
     with pytest.raises(SystemExit, match="no task has both arms"):
-        script.contrasts(runs, [("a", "c")], 4)
+        task_contrasts.contrasts(runs, [("a", "c")], 4)
 
 
 def test_the_confirmatory_plan_names_the_arms_as_the_runs_will_be_named(tmp_path):
     """Each arm of experiments/plans/passkey_confirmatory.yaml, composed as its sweep composes it, carries the plan's
-    label, so the scoring script finds every pair; its seeds were never used by a committed run (0-4)."""
-    script = load_script()
-    plan = script.read_plan(ROOT / "experiments" / "plans" / "passkey_confirmatory.yaml")
+    label, so pe-bench tasks finds every pair; its seeds were never used by a committed run (0-4)."""
+    plan = task_contrasts.read_plan(ROOT / "experiments" / "plans" / "passkey_confirmatory.yaml")
     assert plan["metric"] == "greedy_exact_match" and plan["multiplier"] == 4 and plan["alpha"] == 0.05
     assert not set(plan["seeds"]) & set(range(5)) and len(plan["seeds"]) == 5
     for name, arm in plan["arms"].items():
         pe = next(o.split("=", 1)[1] for o in arm["overrides"] if o.startswith("pe="))
         cfg = compose_train_config(["experiment=length_tasks", "data.task=passkey",
                                     f"data.passkey_decoys={plan['passkey_decoys']}", *arm["overrides"]], tmp_path)
-        assert script.task_arm(pe, cfg, "passkey") == arm["label"], name
+        assert scoring.task_arm(pe, cfg, "passkey") == arm["label"], name
     assert all(a in plan["arms"] and c in plan["arms"] for a, c in plan["pairs"])
 
 
@@ -233,7 +220,6 @@ def test_the_plan_was_committed_before_its_results():
 
 
 def test_a_planned_contrast_reads_its_metric_at_its_seeds_only(tmp_path):
-    script = load_script()
 
     def run(family, seed, value, token=0.5):
         return {"task": "passkey", "family": family, "seed": seed,
@@ -241,24 +227,23 @@ def test_a_planned_contrast_reads_its_metric_at_its_seeds_only(tmp_path):
 
     runs = ([run("a", s, 0.5 + 0.01 * s) for s in range(20, 25)] + [run("b", s, 0.1) for s in range(20, 25)]
             + [run("a", 0, 0.0), run("b", 0, 0.9)])  # an old seed: left out
-    rows = script.contrasts(runs, [("a", "b")], 4, ["passkey"], "greedy_exact_match", list(range(20, 25)))
+    rows = task_contrasts.contrasts(runs, [("a", "b")], 4, ["passkey"], "greedy_exact_match", list(range(20, 25)))
     assert rows[0]["seeds"] == [5, 5] and rows[0]["arm_mean"] == pytest.approx(0.72) and rows[0]["p"] == pytest.approx(2 / 252)
     assert rows[0]["metric"] == "greedy_exact_match" and rows[0]["p_floor"] == pytest.approx(2 / 252)
-    assert script.seed_contrast([1, 2, 3], [4, 5, 6, 7, 8])["p_floor"] == pytest.approx(2 / 56)  # 3 v 5: 0.036
+    assert task_contrasts.seed_contrast([1, 2, 3], [4, 5, 6, 7, 8])["p_floor"] == pytest.approx(2 / 56)  # 3 v 5: 0.036
     bad = tmp_path / "plan.yaml"
     bad.write_text("seeds: [1]\n")
     with pytest.raises(SystemExit, match=r"lacks \['task', 'metric'"):
-        script.read_plan(bad)
+        task_contrasts.read_plan(bad)
 
 
 def test_a_plan_that_cannot_reject_says_so():
     """Holm over m tests from an exact test with floor f cannot go below m f: the committed plan's 8 tests from 5 v 5
     seeds floor at 8 x 2/252 = 0.063 > 0.05, which its report must say; 3 tests would have reached 0.024."""
-    script = load_script()
-    plan = script.read_plan(ROOT / "experiments" / "plans" / "passkey_confirmatory.yaml")
-    assert script.smallest_holm_p(plan) == pytest.approx(8 * 2 / 252)
-    text = script.contrast_preamble([], Path("p.yaml"), None, plan)
+    plan = task_contrasts.read_plan(ROOT / "experiments" / "plans" / "passkey_confirmatory.yaml")
+    assert task_contrasts.smallest_holm_p(plan) == pytest.approx(8 * 2 / 252)
+    text = task_contrasts.contrast_preamble([], Path("p.yaml"), None, plan)
     assert "**This plan could not reject any test**" in text and "0.0635" in text
     three = {**plan, "pairs": plan["pairs"][:3]}
-    assert script.smallest_holm_p(three) == pytest.approx(3 * 2 / 252) and script.smallest_holm_p(three) < three["alpha"]
-    assert "could not reject" not in script.contrast_preamble([], Path("p.yaml"), None, three)
+    assert task_contrasts.smallest_holm_p(three) == pytest.approx(3 * 2 / 252) and task_contrasts.smallest_holm_p(three) < three["alpha"]
+    assert "could not reject" not in task_contrasts.contrast_preamble([], Path("p.yaml"), None, three)

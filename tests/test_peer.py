@@ -4,7 +4,7 @@ interface, trained by pe-train and read back by the run loader, as the length-ex
 The adapter is x-transformers called directly (same weights, same logits); every family is causal, x-transformers' own
 module for it, and runs past the training length; what the peer cannot honour (our pe beside its own, an attention
 variant, the geometry recorder, a bad family) is one line; a tiny run trains, loads back with the logits and the
-validation loss it logged, and is labelled and scored by experiments/extrapolation.py's protocol.
+validation loss it logged, and is labelled and scored by pe-bench extrapolation's protocol.
 """
 
 from __future__ import annotations
@@ -12,20 +12,19 @@ from __future__ import annotations
 import importlib.util
 import math
 import typing
-from pathlib import Path
 
 import pytest
 import torch
 
 x_transformers = pytest.importorskip("x_transformers")
 
+from pe_geometry.benchmarks.arms import arm_label  # noqa: E402
 from pe_geometry.model.peer import PEER_FLAGS, PeerFamily, XTransformersLM  # noqa: E402
 from pe_geometry.training.validate import ConfigError, check_config  # noqa: E402
 from tests.conftest import compose_train_config, tiny_train_config  # noqa: E402
 
 FAMILIES = list(typing.get_args(PeerFamily))
 V, D, H, LAYERS, T = 40, 32, 4, 2, 16
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "extrapolation.py"
 
 
 def peer(family: str, seed: int = 0, **settings) -> XTransformersLM:
@@ -37,13 +36,6 @@ def _partial(cls, **keywords):
     import functools
 
     return functools.partial(cls, **keywords)
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("extrapolation_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_family_has_its_flag():
@@ -208,7 +200,7 @@ def test_a_tiny_peer_run_trains_and_loads_back_with_its_logits_and_validation_lo
     # the benchmark's protocol and label
     scores = fixed_target_losses(run.model, run.datamodule.streams["validation"], 16, [1, 2, 4], max_windows=2)
     assert all(math.isfinite(scores["lengths"][m]["loss"]) for m in ("1", "2", "4"))
-    assert load_script().arm_label("none", run.config, layers=2) == "peer x-transformers: rope"
+    assert arm_label("none", run.config, layers=2) == "peer x-transformers: rope"
     with pytest.raises(NoHookPoints, match=r"^XTransformersLM \(built from x-transformers\) has none of our attention"):
         position_attention_report(run.model, batch[:, :-1])
     # resumed from its step-2 checkpoint (as pe-train ckpt_path=... does), it ends with the uninterrupted run's weights
@@ -221,12 +213,11 @@ def test_a_tiny_peer_run_trains_and_loads_back_with_its_logits_and_validation_lo
 
 
 def test_a_peer_arm_is_named_by_its_family_and_a_depth_not_the_benchmarks(tmp_path):
-    script = load_script()
     config = compose_train_config(["model=xtransformers", "model.peer_pe=t5_bias", "model.n_layers=2"], tmp_path)
-    assert script.arm_label("none", config, layers=2) == "peer x-transformers: t5_bias"
+    assert arm_label("none", config, layers=2) == "peer x-transformers: t5_bias"
     deeper = compose_train_config(["model=xtransformers", "model.peer_pe=alibi", "model.n_layers=4"], tmp_path)
-    assert script.arm_label("none", deeper, layers=2) == "peer x-transformers: alibi (4 layers)"
-    assert script.arm_label("none", compose_train_config(["pe=none"], tmp_path), layers=4) == "none"  # ours: as before
+    assert arm_label("none", deeper, layers=2) == "peer x-transformers: alibi (4 layers)"
+    assert arm_label("none", compose_train_config(["pe=none"], tmp_path), layers=4) == "none"  # ours: as before
 
 
 def test_the_peer_sweep_is_every_family_at_the_benchmarks_shape_and_seeds(tmp_path):

@@ -1,10 +1,10 @@
-"""experiments/pretrained_study.py --presets on tiny trained runs of experiment=gemma3_like (two seeds, a local and a
-global layer) and experiment=smollm2_like: each run read on its own validation blocks, by layer kind, beside the
-committed reading of the checkpoint it mirrors (copied, never written), in presets.md and table.md."""
+"""pe-bench pretrained --presets (pe_geometry/benchmarks/presets.py) on tiny trained runs of experiment=gemma3_like
+(two seeds, a local and a global layer) and experiment=smollm2_like: each run read on its own validation blocks, by
+layer kind, beside the committed reading of the checkpoint it mirrors (copied, never written), in presets.md and
+table.md."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import statistics
@@ -12,20 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from pe_geometry.benchmarks.presets import score_preset_run
+from pe_geometry.cli.bench import main as bench
 from pe_geometry.training.pipeline import train
 from tests.conftest import ROOT, tiny_train_config
 
-SCRIPT = ROOT / "experiments" / "pretrained_study.py"
 COMMITTED = ROOT / "experiments" / "results" / "pretrained"
 # the preset's own pattern at the tiny size: a 4-token window with base 1e4, then a global layer with base 1e6
 LOCAL_GLOBAL = "model.layer_pattern=[{window: 4, pe: {base: 10000.0}},{window: null, pe: {base: 1000000.0}}]"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("pretrained_study_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +39,7 @@ def test_each_preset_is_read_by_layer_kind_beside_its_checkpoint(sweeps, tmp_pat
     out.mkdir()
     for name in ("minilm", "smollm2", "gemma3", "band"):  # the committed readings: nothing is recomputed
         shutil.copy(COMMITTED / f"{name}.json", out)
-    script = load_script()
-    script.main(["--out", str(out), "--quick", "--presets", *(str(p) for runs in sweeps.values() for p in runs)])
+    bench(["pretrained", "--out", str(out), "--quick", "--presets", *(str(p) for runs in sweeps.values() for p in runs)])
     presets = json.loads((out / "presets.json").read_text())
     assert list(presets) == ["smollm2_like", "gemma3_like"]
     gemma = presets["gemma3_like"]
@@ -91,7 +84,7 @@ def test_each_preset_is_read_by_layer_kind_beside_its_checkpoint(sweeps, tmp_pat
     assert "presets.md" in table
     # a later run without --presets reads presets.json back into the table
     (out / "table.md").unlink()
-    script.main(["--out", str(out), "--quick"])
+    bench(["pretrained", "--out", str(out), "--quick"])
     assert (out / "table.md").read_text() == table
 
 
@@ -99,15 +92,14 @@ def test_each_preset_is_read_by_layer_kind_beside_its_checkpoint(sweeps, tmp_pat
 def test_an_unfinished_or_non_preset_run_is_refused(sweeps, tmp_path):
     import torch
 
-    script = load_script()
     copy = tmp_path / "copy"
     shutil.copytree(sweeps["smollm2_like"][0], copy)
     ckpt = torch.load(copy / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     ckpt["global_step"] = 1
     torch.save(ckpt, copy / "checkpoints" / "last.ckpt")
     with pytest.raises(SystemExit, match=r"stopped at step 1 of 3"):
-        script.score_preset_run(copy, {})
+        score_preset_run(copy, {})
     ckpt["global_step"], ckpt["group_choices"]["experiment"] = 3, "orthogonality"
     torch.save(ckpt, copy / "checkpoints" / "last.ckpt")
     with pytest.raises(SystemExit, match=r"experiment=orthogonality, not one of"):
-        script.score_preset_run(copy, {})
+        score_preset_run(copy, {})

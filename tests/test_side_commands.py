@@ -1,4 +1,4 @@
-"""Bad input to the side commands (pe-extrapolate, pe-verdict, pe-report, pe-generate, the extrapolation script): one
+"""Bad input to the side commands (pe-extrapolate, pe-verdict, pe-report, pe-generate, pe-bench): one
 ``error:`` line naming the value and exit code 2, as a bad training config gets; never a traceback, never a run that
 exits 0 having scored nothing."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -76,22 +75,15 @@ def test_pe_report_on_a_missing_or_empty_folder_exits_2(tmp_path, monkeypatch, c
         assert code == 2 and one_error_line(err) == f"error: no runs under {folder} (a run has config.yaml and csv/metrics.csv)"
 
 
-def test_the_extrapolation_script_on_an_empty_folder_exits_2(tmp_path, monkeypatch, capsys):
-    """The script's ``__main__`` block, run in this process (``python experiments/extrapolation.py`` less the ~7 s of
-    a new interpreter importing torch): the exit code and the stderr line are its console wrapper's."""
-    import runpy
+def test_pe_bench_extrapolation_on_an_empty_folder_exits_2(tmp_path, monkeypatch, capsys):
+    """The console script's function, run in this process (``pe-bench extrapolation`` less the seconds of a new
+    interpreter importing torch): the exit code and the stderr line are its console wrapper's."""
+    from pe_geometry.cli.bench import cli
 
-    import numpy as np
-
-    script = Path(__file__).resolve().parents[1] / "experiments" / "extrapolation.py"
-    numpy_errors = np.geterr()  # (its __main__ block sets numpy's error handling for the process)
-    try:
-        code, err = run_script(lambda: runpy.run_path(str(script), run_name="__main__"),
-                               [str(tmp_path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
-    finally:
-        np.seterr(**numpy_errors)
+    code, err = run_script(cli, ["extrapolation", str(tmp_path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
     assert code == 2
     assert one_error_line(err).startswith("error: no run with checkpoints/last.ckpt under")
+    assert not (tmp_path / "out").exists()
 
 
 GENERATE_BAD = [

@@ -1,28 +1,28 @@
-"""Issue 51's scoring (analysis/training_length.py): the plan is what the script reads, planted answers read as
+"""Issue 51's scoring (analysis/training_length.py): the plan is what pe-bench training-length reads, planted answers read as
 planted, the tests by hand, and a test whose runs are missing is reported as not run."""
 
 from __future__ import annotations
 
 import math
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from pe_geometry.analysis.training_length import null_figures, planned_tests, slope_per_seed
+from pe_geometry.benchmarks import training_length as driver
+from pe_geometry.cli.bench import main as bench
 from tests.conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "experiments"))
-import training_length as script  # noqa: E402
+PLAN = ROOT / "experiments" / "plans" / "training_length.yaml"
 
 
 def test_the_plan_is_read_by_the_script_and_its_units_follow_its_run_order():
-    plan = script.read_plan()
+    plan = driver.read_plan(PLAN)
     assert plan["figure"] == "overlap_k8" and plan["alpha"] == 0.05 and plan["correction"] == "holm"
-    units = script.units(plan)
+    units = driver.units(plan)
     assert units[0] == (2, "learned", 0) and len(units) == sum(len(b["arms"]) for b in plan["run_order"]) * len(plan["seeds"])
-    assert [script.decay_start(n, plan) for n in plan["lengths"]] == [1200, 2400, 4800]  # on the checkpoint cadence (200)
+    assert [driver.decay_start(n, plan) for n in plan["lengths"]] == [1200, 2400, 4800]  # on the checkpoint cadence (200)
     assert {t["id"] for t in plan["tests"]} == {f"T{i}" for i in range(1, 13)}
 
 
@@ -71,7 +71,7 @@ def _cells(plan, ratio_of):
 
 
 def test_planned_tests_read_a_planted_fall_and_say_what_did_not_run():
-    plan = script.read_plan()
+    plan = driver.read_plan(PLAN)
     noise = {0: 1.0, 1: 1.03, 2: 0.97}
 
     def ratio(depth, arm, seed, n):
@@ -96,7 +96,7 @@ def test_planned_tests_read_a_planted_fall_and_say_what_did_not_run():
 
 
 def test_a_rotation_test_needs_every_seed_above_every_random():
-    plan = script.read_plan()
+    plan = driver.read_plan(PLAN)
     rotations = {(2, "learned", s, "P"): {"D": d, "above_every_random": a} for s, (d, a) in
                  enumerate([(0.2, True), (0.25, True), (0.22, False)])}
     tests = {t["id"]: t for t in planned_tests(plan, {}, {}, rotations, {})}
@@ -114,7 +114,7 @@ def test_the_experiment_trains_trunks_and_branches_and_scores_them(tmp_path, tin
     from tests.conftest import TINY
     from tests.test_reliability import corpus_args
 
-    plan = yaml.safe_load(script.PLAN.read_text())
+    plan = yaml.safe_load(PLAN.read_text())
     plan |= {"lengths": [7, 14], "seeds": [0], "depths": [1],
              "arms": {"learned": ["control=learned_baseline"], "nope": ["pe=none"]},
              "run_order": [{"depth": 1, "arms": ["learned", "nope"]}],
@@ -129,18 +129,18 @@ def test_the_experiment_trains_trunks_and_branches_and_scores_them(tmp_path, tin
                 "callbacks.geometry.every_n_steps=7", "optimizer.warmup_steps=1", "model.n_heads=2"]
     root = tmp_path / "runs"
     args = ["train", "--plan", str(plan_file), "--root", str(root), "--jobs", "1", "--set", *settings]
-    script.main(args)
+    bench(["training-length", *args])
     for arm in ("learned", "nope"):
-        assert script.finished_step(root / "L1" / f"{arm}-s0" / "trunk") == 14
-        assert script.finished_step(root / "L1" / f"{arm}-s0" / "b7") == 7
+        assert driver.finished_step(root / "L1" / f"{arm}-s0" / "trunk") == 14
+        assert driver.finished_step(root / "L1" / f"{arm}-s0" / "b7") == 7
     branch = torch.load(root / "L1" / "learned-s0" / "b7" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert branch["run_config"]["optimizer"]["decay_start"] == 6 and branch["run_config"]["branch"] is True
     stamp = (root / "L1" / "learned-s0" / "trunk" / "checkpoints" / "last.ckpt").stat().st_mtime_ns
-    script.main(args)  # everything finished: nothing trains again
+    bench(["training-length", *args])  # everything finished: nothing trains again
     assert (root / "L1" / "learned-s0" / "trunk" / "checkpoints" / "last.ckpt").stat().st_mtime_ns == stamp
 
     out = tmp_path / "results"
-    script.main(["score", "--plan", str(plan_file), "--root", str(root), "--out", str(out)])
+    bench(["training-length", "score", "--plan", str(plan_file), "--root", str(root), "--out", str(out)])
     results = json.loads((out / "results.json").read_text())
     tests = {t["id"]: t for t in results["planned_tests"]}
     assert not tests["T1"]["ran"]  # a slope over one seed has no t-test: reported, not dropped
