@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -181,15 +182,46 @@ def test_every_direct_dependency_has_a_floor_for_the_lowest_versions_job(capsys)
     assert "torch==2.13  # >=2.13" in lines  # the only torch CI can install: its floor is what CI proves
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel ``pip install <repo>`` builds: a non-editable install holds what it packs, nothing of the repo."""
+    folder = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(folder), str(ROOT)], check=True)
+    (built,) = folder.glob("pe_geometry-*.whl")
+    return built
+
+
 @pytest.mark.slow
-def test_the_wheel_holds_the_package_its_configs_and_the_launcher_plugin(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)], check=True)
-    (wheel,) = tmp_path.glob("pe_geometry-*.whl")
+def test_the_wheel_holds_the_package_its_configs_and_the_launcher_plugin(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     configs = {f"pe_geometry/configs/{p.relative_to(CONFIG_DIR).as_posix()}" for p in CONFIG_DIR.rglob("*.yaml")}
     assert len(configs) > 40 and configs <= names
     assert {"pe_geometry/extras.py", "hydra_plugins/pe_geometry/launchers.py", "pe_geometry/cli/train.py"} <= names
     assert not any(n.startswith(("tests/", "experiments/")) for n in names)
+
+
+@pytest.mark.slow
+def test_a_non_editable_install_has_the_benchmarks_and_pe_bench_outside_the_repository(wheel, tmp_path):
+    """pip install of the wheel (``--target``: beside, not over, this environment): pe_geometry/benchmarks and the
+    ``pe-bench`` console script are there, and ``pe-bench <benchmark> --help`` runs from a folder outside the repo on
+    the installed copy (the protocols once lived in experiments/, which no install has)."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    benchmarks = {f"pe_geometry/benchmarks/{p.name}" for p in (ROOT / "src" / "pe_geometry" / "benchmarks").glob("*.py")}
+    assert len(benchmarks) > 5 and benchmarks | {"pe_geometry/cli/bench.py"} <= names
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "pe-bench = pe_geometry.cli.bench:cli" in zipfile.ZipFile(wheel).read(entry_points).decode().splitlines()
+    target, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True)
+    env = {**os.environ, "PYTHONPATH": str(target)}  # ahead of this environment's (editable) pe_geometry
+    where = subprocess.run([sys.executable, "-c", "import pe_geometry.benchmarks as b; print(b.__file__)"], env=env,
+                           cwd=elsewhere, capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(where).is_relative_to(target)
+    for benchmark in ("extrapolation", "tasks", "pretrained"):
+        result = subprocess.run([str(target / "bin" / "pe-bench"), benchmark, "--help"], env=env, cwd=elsewhere,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and result.stdout.startswith(f"usage: pe-bench {benchmark}"), result.stderr
 
 
 @pytest.mark.parametrize("module", ["pe_geometry.training.pipeline", "hydra_plugins.pe_geometry.launchers", "tests.test_train"])
