@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from pe_geometry.model.embedding import INIT_STD
 from pe_geometry.model.positional import PositionalEncoding, RotaryPE
-from pe_geometry.settings.positional import ForgettingSettings
+from pe_geometry.settings.positional import CAUSAL_ONLY, ForgettingSettings  # noqa: F401  (CAUSAL_ONLY: re-exported)
 
 
 class ForgetGate(nn.Module):

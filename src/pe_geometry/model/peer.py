@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -52,10 +52,12 @@ from torch import Tensor, nn
 from pe_geometry.extras import needs_extra
 from pe_geometry.model.transformer import LanguageModel
 from pe_geometry.settings.base import defaults
-from pe_geometry.settings.model import PeerSettings
+from pe_geometry.settings.model import PEER_FAMILIES, PeerSettings
 
 with needs_extra("peer", "model=xtransformers"):
     from x_transformers import Decoder, TransformerWrapper
+
+PeerFamily = Literal[PEER_FAMILIES]  # model.peer_pe's options
 
 # model.peer_pe -> x-transformers' Decoder keywords that switch the family on ({d_head}: the head width)
 PEER_FLAGS: dict[str, dict[str, Any]] = {

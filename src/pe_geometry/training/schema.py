@@ -266,8 +266,8 @@ def check_node(key: str, node: Any, option: str | None = None,
             return problems, {}
         try:
             cls(**{**settings, **coerced})  # the dataclass's own rules across its keys
-        except SettingsError as err:
-            return [(key, str(err))], {}
+        except SettingsError as err:  # an encoding's name its option (pe=learned: ...), as its checks with the sizes do
+            return [(key, f"pe={option}: {err}" if key == "pe" and option else str(err))], {}
         return [], coerced
     if not import_classes:
         return [], {}  # read when the run starts (the check that may import); until then any key is let through
