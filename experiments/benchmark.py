@@ -239,18 +239,22 @@ def profile_breakdown(cfg, datamodule, steps: int = 3) -> list[tuple[str, float]
     return shares
 
 
-def cli_seconds(args: list[str], repeats: int = 5, env: dict[str, str] | None = None) -> float:
-    """Median wall time of ``python train.py <args>`` (``--help``, ``--cfg job``): the command line
-    must answer before torch/Lightning load (train.py imports them only after Hydra has parsed)."""
+def cli_seconds(args: list[str], repeats: int = 5, env: dict[str, str] | None = None, exit_code: int = 0,
+                command: list[str] | None = None) -> float:
+    """Median wall time of ``python train.py <args>`` (``--help``, ``--cfg job``, a refused value: ``exit_code`` 2):
+    the command line must answer before torch/Lightning load (train.py imports them only after Hydra has parsed and
+    the settings dataclasses have checked every value)."""
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        command = [sys.executable, str(root / "train.py"), *args]
-        subprocess.run(command, cwd=root, capture_output=True, check=True, env={**os.environ, **(env or {})})
+        result = subprocess.run(command or [sys.executable, str(root / "train.py"), *args], cwd=root,
+                                capture_output=True, env={**os.environ, **(env or {})})
         times.append(time.perf_counter() - start)
+        if result.returncode != exit_code:
+            raise RuntimeError(f"train.py {' '.join(args)} exited {result.returncode}: {result.stderr.decode()[-500:]}")
     return median(times)
 
 
@@ -282,6 +286,13 @@ def main() -> None:
         for label, cli_args, env in (("--help", ["--help"], None), ("--cfg job", ["--cfg", "job"], None),
                                      ("TAB after pe=", ["-sc", "query=bash"], completion)):
             print(f"python train.py {label:<16} {cli_seconds(cli_args, env=env):.2f} s (median of 5)")
+        # a refused value, cross-key ones included, against what loading torch and Lightning alone costs
+        baseline = cli_seconds([], command=[sys.executable, "-c", "import torch, lightning"])
+        print(f"reference: python -c 'import torch, lightning' {baseline:.2f} s (median of 5)")
+        for bad in (["model.dropout=2"], ["model.d_model=33"], ["pe=learned", "pe.max_len=64", "data.seq_len=128"],
+                    ["pe=rope", "model.d_model=36"], ["attention.n_kv_heads=3"]):
+            took = cli_seconds(bad, exit_code=2)
+            print(f"python train.py {' '.join(bad):<42} {took:.2f} s (median of 5; {took / baseline:.2f}x the reference)")
         return
     rounds = 1 if args.quick else args.rounds
     torch.set_float32_matmul_precision("high")
