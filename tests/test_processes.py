@@ -331,8 +331,7 @@ else:  # while Python tears its modules down, after it has reset every handler t
             kill(pid, sig)
     late = SignalAtTeardown()
 sys.argv = sys.argv[1:]
-with hooked if where == "compose" else contextlib.nullcontext():
-    runpy.run_path(train_py, run_name="__main__")
+runpy.run_path(train_py, run_name="__main__")
 """
 
 
