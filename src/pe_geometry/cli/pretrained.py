@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
-from pe_geometry.cli import console_script
+from pe_geometry.cli import console_script, int_at_least, positive_int
 from pe_geometry.extras import exit_on_missing_extra
 
 
@@ -128,24 +128,30 @@ def print_series(s: dict) -> None:
         print(f"    {figure:<36}" + "".join(f"{v:>{width + 1}.3f}" for v in values) + f"{spread['mean']:>9.3f}{spread['sd']:>8.3f}")
 
 
+MIN_WINDOWS = 5  # the position probe's outer folds of whole windows (position_probe's n_splits)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default="minilm",
                         help="minilm | smollm2 | gemma3, or a local Hugging Face folder or .gguf file")
     parser.add_argument("--model-dir", type=Path, default=None, help="the same as MODEL (kept for old scripts)")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
-    parser.add_argument("--n-frequent", type=int, default=1000, help="number of frequent tokens to measure")
-    parser.add_argument("--probe-permutations", type=int, default=100,
+    parser.add_argument("--n-frequent", type=int_at_least(2), default=1000, help="number of frequent tokens to measure")
+    parser.add_argument("--probe-permutations", type=positive_int, default=100,
                         help="null draws of the hidden-state position probe per layer (fewer: faster, coarser p-values)")
-    parser.add_argument("--attention-null-draws", type=int, default=100,
+    parser.add_argument("--attention-null-draws", type=positive_int, default=100,
                         help="rotation-null draws per layer (RoPE; a head's p is at least 2/(draws + 1))")
-    parser.add_argument("--windows", type=int, default=32, help="text windows read (the probe needs >= 5)")
-    parser.add_argument("--seq-len", type=int, default=64, help="tokens per window")
+    parser.add_argument("--windows", type=int_at_least(MIN_WINDOWS), default=32,
+                        help=f"text windows read (the probe's {MIN_WINDOWS} folds need >= {MIN_WINDOWS})")
+    parser.add_argument("--seq-len", type=int_at_least(2), default=64, help="tokens per window (>= 2 positions)")
     parser.add_argument("--no-band", action="store_true",
                         help="for a quantised file, skip the band (MiniLM round-tripped through its scheme, ~40 s)")
     parser.add_argument("--series", action="store_true",
                         help="MODEL is a folder of checkpoints (sub-folders or .gguf files): read each, in natural order")
     args = parser.parse_args(argv)
+    if args.json is not None and (blocked := next((p for p in args.json.parents if p.is_file()), None)) is not None:
+        parser.error(f"argument --json: {blocked} is a file, not a folder")  # before minutes of reading, not after
     settings = {"n_frequent": args.n_frequent, "probe_permutations": args.probe_permutations,
                 "attention_null_draws": args.attention_null_draws, "n_windows": args.windows, "seq_len": args.seq_len}
     with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
@@ -161,11 +167,11 @@ def main(argv: list[str] | None = None) -> dict:
         if args.series:
             from pe_geometry.analysis.pretrained import series, series_members
 
-            try:  # not a folder of checkpoints: one line
+            try:  # not a folder of checkpoints, a member that cannot be read, mixed models: one line
                 series_members(Path(args.model_dir or args.model))
-            except OSError as err:
+                results = series(args.model_dir or args.model, **settings)
+            except (OSError, ValueError) as err:
                 raise SystemExit(f"error: {err}") from None
-            results = series(args.model_dir or args.model, **settings)
             print_series(results)
             _write_json(args.json, results)
             return results
@@ -176,7 +182,10 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"error: {err}") from None
         loading = time.perf_counter() - start
         print(f"torch threads: {threads} ({why})", flush=True)  # after the checks: bad input prints one line only
-        results = analyse(loaded=loaded, **settings)
+        try:  # a window longer than the model can place: one line
+            results = analyse(loaded=loaded, **settings)
+        except ValueError as err:
+            raise SystemExit(f"error: {err}") from None
         results["timings"] |= {"load_s": loading, "total_s": results["timings"]["total_s"] + loading}
         if loaded.quantisation and not args.no_band:  # a 4-bit file: how far that moves each kind of figure
             from pe_geometry.analysis.pretrained import quantisation_band
