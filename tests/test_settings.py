@@ -184,3 +184,14 @@ def test_a_bad_value_cross_key_ones_included_is_answered_before_torch_loads(tmp_
     assert stderr == [line]
     assert not list(Path(tmp_path).glob("outputs/*/*/*")), "a refused run leaves no folder"
     print(f"answered in {took:.2f} s")
+
+
+def test_a_scaling_at_factor_one_is_said_at_the_start():
+    """``pe.scaling=llama3`` alone leaves every frequency as trained (factor 1): the run warns, naming the fix."""
+    from pe_geometry.settings import Sizes
+    from pe_geometry.settings.positional import RotarySettings
+
+    (line,) = RotarySettings(scaling="llama3", training_length=64).warnings(Sizes(32, 2, 64))
+    assert line.startswith("pe.scaling=llama3 at pe.scaling_factor=1 changes no frequency")
+    assert RotarySettings(scaling="llama3", scaling_factor=4.0, training_length=64).warnings(Sizes(32, 2, 64)) == []
+    assert RotarySettings(scaling="dynamic_ntk", training_length=64).warnings(Sizes(32, 2, 64)) == []  # it scales past L

@@ -210,6 +210,13 @@ class RotarySettings(RotationSettings):
             raise SettingsError(f"pe.low_freq_factor={self.low_freq_factor} and pe.high_freq_factor="
                                 f"{self.high_freq_factor} must satisfy 0 < low < high (turns within pe.training_length)")
 
+    def warnings(self, sizes: Sizes, precision: str = "32-true") -> list[str]:
+        if self.scaling in ("linear", "ntk", "yarn", "llama3") and self.scaling_factor == 1:
+            # (not refused: the extrapolation benchmark reads a scaled run at 1x with factor 1, which is RoPE itself)
+            return [f"pe.scaling={self.scaling} at pe.scaling_factor=1 changes no frequency: the run reads as "
+                    "pe.scaling=none; set pe.scaling_factor > 1 (how many times the training length)"]
+        return []
+
     def check(self, sizes: Sizes) -> None:
         super().check(sizes)
         rotating = rotary_dims(sizes.d_head, self.rotary_fraction)
