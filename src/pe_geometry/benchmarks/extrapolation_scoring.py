@@ -137,7 +137,7 @@ def kept_entries(path: Path, relabel: dict[str, str], rescored: set[str], like: 
         earlier = json.loads(path.read_text())
         runs, kept_multipliers = earlier["runs"], earlier["multipliers"]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise SystemExit(f"error: --keep {path}: not an extrapolation.json this script wrote ({err})") from None
+        raise SystemExit(f"error: --keep {path}: not an extrapolation.json pe-bench extrapolation wrote ({err})") from None
     unknown = sorted(set(relabel) - {r["family"] for r in runs})
     if unknown:
         raise SystemExit(f"error: --relabel {unknown[0]}=...: no such family in {path}; "

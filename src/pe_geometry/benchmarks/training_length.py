@@ -38,7 +38,8 @@ CHECKPOINT_EVERY = 200  # the width curve's cadence; a decay start off it would 
 
 def read_plan(path: Path = PLAN) -> dict:
     if not path.is_file():
-        raise SystemExit(f"error: --plan {path}: no such file (the committed plan is {PLAN}, from the repository's root)")
+        raise SystemExit(f"error: --plan {path}: no such file (the committed plan is {PLAN} in the repository: run "
+                         "from its root, or pass --plan)")
     return yaml.safe_load(path.read_text())
 
 
