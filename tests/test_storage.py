@@ -355,3 +355,18 @@ def test_cli_a_real_full_or_read_only_disk_is_one_error_line(tmp_path, tiny_corp
     checkpoints = out / "full-run" / "checkpoints"
     assert torch.load(checkpoints / "last.ckpt", weights_only=False)["global_step"] == int(match.group(1)) - 2  # the save before
     assert not temp_files(out / "full-run")
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_an_atomic_write_keeps_the_umasks_mode(umask, mode, tmp_path):
+    """A file written whole (checkpoints, metrics.csv, config.yaml, reports) gets the mode a plain open() would: a
+    teammate on a shared cluster can read a run unless the umask says otherwise (mkstemp alone makes it 0600)."""
+    from pe_geometry.files import atomic_write_text
+
+    previous = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "run_info.json", "{}")
+        atomic_write_text(tmp_path / "run_info.json", "{}")  # replacing one keeps it too
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "run_info.json").stat().st_mode & 0o777 == mode

@@ -59,12 +59,29 @@ def write_all(fd: int, data: bytes, path: Path) -> None:
             view = view[os.write(fd, view):]
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and back: the only portable way; Linux also shows it in
+    /proc/self/status)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temp_beside(path: Path) -> tuple[int, str]:
+    """A new temporary file in ``path``'s folder (``.<name>.<random>.tmp``), open for writing, with the mode a plain
+    ``open()`` would give the file under this umask: ``mkstemp`` makes it 0600, which the rename would keep, so a
+    teammate on a shared cluster could not read a run's checkpoints, logs or the shared token cache."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~current_umask())
+    return fd, tmp
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``path`` whole or leave the previous file: a temp file beside it, fsync, then ``os.replace``.
     Every file a run or a report writes goes through here (or ``atomic_write_text``): a reader never sees half."""
     with storage_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = temp_beside(path)
         try:
             try:
                 write_all(fd, data, path)
