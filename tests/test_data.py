@@ -27,6 +27,7 @@ from pe_geometry.data.corpus import VALIDATION_PLAYS, CorpusError, ShakespeareCo
 from pe_geometry.data.datamodule import BlockDataset, TextDataModule
 from pe_geometry.data.hf import HFDataModule
 from pe_geometry.data.tokenizer import MAX_RUN_CHARS, check_tokenizer_settings, train_tokenizer, training_sample
+from pe_geometry.settings import SettingsError
 from tests import forkserver
 from tests.conftest import ROOT, TINY, compose_train_config
 
@@ -77,7 +78,7 @@ def make_datamodule(tmp_path, train_text: str, val_text: str | None = None, **kw
     if val_text is not None:
         (tmp_path / "val.txt").write_text(val_text, encoding="utf-8")
         val_files = [str(tmp_path / "val.txt")]
-    corpus = TextFilesCorpus([str(tmp_path / "train.txt")], val_files)
+    corpus = TextFilesCorpus(train_files=[str(tmp_path / "train.txt")], val_files=val_files)
     settings = dict(tokenizer="bpe", vocab_size=300, seq_len=16, batch_size=2, cache_dir=str(tmp_path / "cache"))
     return TextDataModule(corpus, **{**settings, **kw})
 
@@ -153,19 +154,19 @@ def test_non_utf8_file_is_named_or_replaced(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"good text \xff\xfe more text " * 50)
     with pytest.raises(CorpusError, match=r"bad.txt is not valid UTF-8 \(byte 10"):
-        TextFilesCorpus([str(bad)]).splits()
-    splits = TextFilesCorpus([str(bad)], encoding_errors="replace").splits()
+        TextFilesCorpus(train_files=[str(bad)]).splits()
+    splits = TextFilesCorpus(train_files=[str(bad)], encoding_errors="replace").splits()
     assert "\ufffd" in splits["train"][0].text
 
 
 def test_val_fraction_outside_zero_one_is_a_clear_error(tmp_path):
-    with pytest.raises(CorpusError, match=r"data.corpus.val_fraction=1.5 must be a fraction in \(0, 1\)"):
-        TextFilesCorpus([str(tmp_path / "a.txt")], val_fraction=1.5)
+    with pytest.raises(SettingsError, match=r"data.corpus.val_fraction=1.5 must be a fraction in \(0, 1\)"):
+        TextFilesCorpus(train_files=[str(tmp_path / "a.txt")], val_fraction=1.5)
 
 
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(CorpusError, match="not found.*nope.txt"):
-        TextFilesCorpus([str(tmp_path / "nope.txt")]).splits()
+        TextFilesCorpus(train_files=[str(tmp_path / "nope.txt")]).splits()
 
 
 def test_blocks_overlap_by_one_so_every_token_is_a_target_once():
@@ -180,7 +181,7 @@ def test_blocks_overlap_by_one_so_every_token_is_a_target_once():
 def test_single_file_holds_out_its_tail(tmp_path):
     path = tmp_path / "one.txt"
     path.write_text("a" * 900 + "b" * 100)
-    splits = TextFilesCorpus([str(path)], val_fraction=0.1).splits()
+    splits = TextFilesCorpus(train_files=[str(path)], val_fraction=0.1).splits()
     assert splits["train"][0].text == "a" * 900 and splits["validation"][0].text == "b" * 100
 
 

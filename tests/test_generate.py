@@ -438,5 +438,5 @@ def test_the_end_of_training_sample_reads_through_the_training_length(monkeypatc
     for context in ("train", "full"):
         sample_module.SampleTextCallback(context=context).on_train_end(trainer, task)
     assert seen == [16, None]
-    with pytest.raises(ValueError, match=r"callbacks.sample.context='window'; valid: \['train', 'full'\]"):
+    with pytest.raises(ValueError, match=r"callbacks.sample.context=window must be one of \['train', 'full'\]"):
         sample_module.SampleTextCallback(context="window")

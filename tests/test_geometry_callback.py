@@ -90,7 +90,7 @@ def test_attention_shares_come_from_the_real_first_layer_scores(norm):
 
 
 def test_bad_measure_name_is_rejected():
-    with pytest.raises(ValueError, match=r"unknown geometry measure\(s\) \['angles'\]; valid"):
+    with pytest.raises(ValueError, match=r"callbacks.geometry.measures=\[\"input\",\"angles\"\] must be a list of \['input', 'hidden', 'attention'\]"):
         GeometryCallback(measures=["input", "angles"])
 
 

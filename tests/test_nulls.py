@@ -309,7 +309,7 @@ def test_geometry_callback_logs_nulls_probe_and_full_split_at_their_cadence():
     callback.on_train_batch_end(trainer, SimpleNamespace(model=model))
     callback.on_train_end(trainer, SimpleNamespace(model=model))
     assert probe_key in callback.records[50]
-    with pytest.raises(ValueError, match="position_probe_blocks=3 must be >= 5"):
+    with pytest.raises(ValueError, match=r"callbacks.geometry.position_probe_blocks=3 must be an integer >= 5"):
         GeometryCallback(position_probe_blocks=3)
 
 

@@ -166,7 +166,7 @@ def test_an_unwritable_run_folder_is_one_line_at_start_and_leaves_no_probe(failu
 
 # -- the token cache -------------------------------------------------------------------------------
 def _datamodule(corpus: dict[str, Path], cache: Path) -> TextDataModule:
-    return TextDataModule(TextFilesCorpus([str(corpus["train"])], [str(corpus["validation"])]), vocab_size=300,
+    return TextDataModule(TextFilesCorpus(train_files=[str(corpus["train"])], val_files=[str(corpus["validation"])]), vocab_size=300,
                           seq_len=16, batch_size=4, cache_dir=str(cache))
 
 

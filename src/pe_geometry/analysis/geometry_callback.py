@@ -29,60 +29,38 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from annotated_types import Ge, Interval
 from torch import Tensor
 
 from pe_geometry.analysis import geometry_summary
 from pe_geometry.analysis.probes import frequent_token_ids
-from pe_geometry.analysis.record import MEASURES, record
+from pe_geometry.analysis.record import record
 from pe_geometry.files import atomic_write_text
 from pe_geometry.model.transformer import LanguageModel
-from pe_geometry.signatures import MAX_SEED
+from pe_geometry.settings.training import GeometryCallbackSettings
 from pe_geometry.training.wandb_run import LineChart, Table
 
 log = logging.getLogger(__name__)
 
 
 class GeometryCallback(L.Callback):
-    def __init__(
-        self,
-        every_n_steps: Annotated[int, Ge(1)] = 100,
-        n_tokens: Annotated[int, Ge(1)] = 1000,
-        measures: list[Literal[MEASURES]] = MEASURES,
-        probe_batch_size: Annotated[int, Ge(1)] = 8,
-        fixed_k: Annotated[int, Ge(1)] = 8,
-        positional_head_threshold: Annotated[float, Interval(gt=0, lt=1)] = 0.5,
-        seed: Annotated[int, Interval(ge=0, le=MAX_SEED)] = 0,
-        null_draws: Annotated[int, Ge(2), "so that the null has a spread"] = 100,
-        position_probe_every_n_steps: Annotated[int, Ge(1)] = 500,
-        position_probe_blocks: Annotated[int, Ge(5), "5-fold cross-validation by block"] = 128,
-        position_probe_permutations: Annotated[int, Ge(2)] = 20,
-        chunk_tokens: Annotated[int, Ge(1)] = 8192,
-        attention_null_draws: Annotated[int, Ge(2), "so that the null has a spread"] = 20,
-    ) -> None:
-        unknown = sorted(set(measures) - set(MEASURES))
-        if unknown:
-            raise ValueError(f"unknown geometry measure(s) {unknown}; valid: {list(MEASURES)}")
-        if every_n_steps <= 0:
-            raise ValueError(f"callbacks.geometry.every_n_steps={every_n_steps} must be positive")
-        self.every_n_steps, self.n_tokens, self.measures = every_n_steps, n_tokens, tuple(measures)
-        self.probe_batch_size, self.fixed_k, self.threshold, self.seed = probe_batch_size, fixed_k, positional_head_threshold, seed
-        minimum = {"null_draws": (null_draws, 2), "position_probe_every_n_steps": (position_probe_every_n_steps, 1),
-                   "position_probe_blocks": (position_probe_blocks, 5), "position_probe_permutations": (position_probe_permutations, 2),
-                   "chunk_tokens": (chunk_tokens, 1), "attention_null_draws": (attention_null_draws, 2)}
-        for key, (value, least) in minimum.items():
-            if value < least:
-                raise ValueError(f"callbacks.geometry.{key}={value} must be >= {least}")
+    """The geometry recorder; its settings (when, on which rows, with which nulls): ``GeometryCallbackSettings``."""
+
+    Settings = GeometryCallbackSettings
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = s = self.Settings(**settings)
+        self.every_n_steps, self.n_tokens, self.measures = s.every_n_steps, s.n_tokens, tuple(s.measures)
+        self.probe_batch_size, self.fixed_k, self.threshold, self.seed = s.probe_batch_size, s.fixed_k, s.positional_head_threshold, s.seed
         # The nulls have their own fixed seeds (0), not the run's: every run is tested against the same rotations
         # and the same relabellings, so seeds differ only by what they trained.
-        self.null_draws, self.probe_every = null_draws, position_probe_every_n_steps
-        self.n_probe_blocks, self.probe_permutations = position_probe_blocks, position_probe_permutations
-        self.chunk_tokens, self.attention_null_draws = chunk_tokens, attention_null_draws
+        self.null_draws, self.probe_every = s.null_draws, s.position_probe_every_n_steps
+        self.n_probe_blocks, self.probe_permutations = s.position_probe_blocks, s.position_probe_permutations
+        self.chunk_tokens, self.attention_null_draws = s.chunk_tokens, s.attention_null_draws
         self.position_blocks = torch.empty(0, 0, dtype=torch.long)  # chosen in setup
         self._last_step: int | None = None
         self.records: dict[int, dict[str, float]] = {}  # training step -> the metrics logged at that step

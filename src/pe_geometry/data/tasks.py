@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -34,13 +34,21 @@ from torch import Tensor
 
 from pe_geometry.data.tokenizer import SPECIAL_TOKENS
 
-TaskName = Literal["copy", "associative_recall", "passkey", "addition"]
-TASKS: tuple[str, ...] = get_args(TaskName)
-Sizes = Literal["full", "up_to"]
-SIZES: tuple[str, ...] = get_args(Sizes)
+# The task names, the example sizes and how large an example a block holds: torch-free, so a config is checked before
+# torch loads (``TaskDataSettings``); the generators below read them from there.
+from pe_geometry.settings.data import (  # noqa: F401  (re-exported: TASKS, SIZES, block_length, largest_size, check_fits)
+    LETTERS,
+    SIZES,
+    TASKS,
+    TaskName,
+    block_length,
+    check_fits,
+    check_task,
+    largest_size,
+)
+from pe_geometry.settings.data import ExampleSizes as Sizes
 
 DIGITS = "0123456789"
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
 SPACE, SEPARATOR, PLUS, EQUALS, QUERY, NEEDLE = " ", "|", "+", "=", "?", "#"
 TASK_VOCAB: tuple[str, ...] = (*SPECIAL_TOKENS, *DIGITS, *LETTERS, SPACE, SEPARATOR, PLUS, EQUALS, QUERY, NEEDLE)
 TOKEN_ID: dict[str, int] = {token: i for i, token in enumerate(TASK_VOCAB)}
@@ -84,50 +92,6 @@ def _draw_sizes(batch_size: int, largest: int, sizes: str, generator: torch.Gene
 def _digits(n: int, count: int, generator: torch.Generator) -> Tensor:
     """``count`` numbers of ``n`` decimal digits each (leading zeros allowed): (count, n) digit values, most significant first."""
     return torch.randint(0, 10, (count, n), generator=generator)
-
-
-# -- sizes --------------------------------------------------------------------------------------------------------------
-def block_length(task: str, size: int, passkey_digits: int = 5, key_len: int = 2) -> int:
-    """Tokens one example of ``size`` takes (the block holds ``seq_len + 1``)."""
-    check_task(task)
-    if task == "copy":
-        return 2 * size + 1  # string | string
-    if task == "associative_recall":
-        return 2 * size * (key_len + 1) + 1  # pairs | queries, each key_len letters + one digit
-    if task == "passkey":
-        return size + 2 * passkey_digits + 3  # filler with # number # inside, ? number
-    return 3 * size + 3  # a + b = sum (size + 1 digits)
-
-
-def largest_size(task: str, seq_len: int, passkey_digits: int = 5, key_len: int = 2) -> int:
-    """The largest size whose example fits a block of ``seq_len + 1`` tokens (0: none fits). Associative recall is
-    capped at the distinct keys there are (26 ** key_len)."""
-    check_task(task)
-    room = seq_len + 1
-    if task == "copy":
-        return (room - 1) // 2
-    if task == "associative_recall":
-        return min((room - 1) // (2 * (key_len + 1)), len(LETTERS) ** key_len)
-    if task == "passkey":
-        return max(0, room - 2 * passkey_digits - 3)
-    return max(0, (room - 3) // 3)
-
-
-def check_task(task: str) -> None:
-    if task not in TASKS:
-        raise ValueError(f"task={task!r} is not a task; valid: {list(TASKS)}")
-
-
-def check_fits(task: str, seq_len: int, passkey_digits: int = 5, key_len: int = 2, prefix: str = "") -> None:
-    """ValueError naming the shortest ``seq_len`` that holds one example of size 1, when ``seq_len`` does not
-    (``prefix``: before each setting's name, ``"data."`` as the config says it)."""
-    check_task(task)
-    if largest_size(task, seq_len, passkey_digits, key_len) < 1:
-        needed = block_length(task, 1, passkey_digits, key_len) - 1
-        detail = {"passkey": f" with {prefix}passkey_digits={passkey_digits}",
-                  "associative_recall": f" with {prefix}key_len={key_len}"}.get(task, "")
-        raise ValueError(f"{prefix}seq_len={seq_len} is too short for {prefix}task={task}{detail}: one example needs "
-                         f"{prefix}seq_len >= {needed}")
 
 
 # -- the tasks ----------------------------------------------------------------------------------------------------------

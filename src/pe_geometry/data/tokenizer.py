@@ -21,33 +21,13 @@ from collections.abc import Iterable, Iterator
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+# the special tokens and the vocabulary's range: torch-free, so a config is checked before anything loads
+from pe_geometry.settings.data import SPECIAL_TOKENS, check_tokenizer_settings
+
 log = logging.getLogger(__name__)
 
-SPECIAL_TOKENS = ("<unk>", "<mask>", "<eos>")
-TOKENIZER_KINDS = ("bpe", "char")
-BYTE_ALPHABET = len(pre_tokenizers.ByteLevel.alphabet())  # 256
 MAX_RUN_CHARS = 64  # longest piece without whitespace that BPE training sees
-MAX_VOCAB_SIZE = 2**32  # token files store ids as uint32 at most
 _LONG_RUN = re.compile(rf"\S{{{MAX_RUN_CHARS + 1},}}")
-
-
-def min_vocab_size(kind: str) -> int:
-    """The smallest vocab_size a tokenizer of this kind can have."""
-    return len(SPECIAL_TOKENS) + (BYTE_ALPHABET if kind == "bpe" else 1)
-
-
-def check_tokenizer_settings(kind: str, vocab_size: int) -> None:
-    if kind not in TOKENIZER_KINDS:
-        raise ValueError(f"unknown tokenizer {kind!r}; valid: {list(TOKENIZER_KINDS)}")
-    needed = min_vocab_size(kind)
-    if vocab_size < needed:
-        detail = f"{BYTE_ALPHABET} byte symbols + " if kind == "bpe" else "1 character + "
-        raise ValueError(
-            f"data.vocab_size={vocab_size} is too small for the {kind} tokenizer: it needs at least "
-            f"{needed} ({detail}{len(SPECIAL_TOKENS)} special tokens {list(SPECIAL_TOKENS)})"
-        )
-    if vocab_size > MAX_VOCAB_SIZE:
-        raise ValueError(f"data.vocab_size={vocab_size} is larger than uint32 token files can hold (at most {MAX_VOCAB_SIZE:,} tokens)")
 
 
 def bpe_pre_tokenizer() -> pre_tokenizers.PreTokenizer:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
 import torch
-from annotated_types import Ge, Gt, Interval
 
 from pe_geometry.model.embedding import TokenEmbedding
 from pe_geometry.model.positional import PositionalEncoding
+from pe_geometry.settings.training import AdamWSettings
 
 # (model, max_steps) -> {"optimizer": ..., "lr_scheduler": ...}, the settings already bound
 OptimizerFactory = Callable[..., dict[str, Any]]
@@ -85,20 +85,7 @@ def width_scaled_groups(groups: list[dict[str, Any]], model: torch.nn.Module, lr
     return out
 
 
-def adamw_warmup_cosine(
-    model: torch.nn.Module,
-    max_steps: int,
-    lr: Annotated[float, Gt(0)] = 1e-3,
-    weight_decay: Annotated[float, Ge(0)] = 0.1,
-    betas: Annotated[tuple[Annotated[float, Interval(ge=0, lt=1)], Annotated[float, Interval(ge=0, lt=1)]],
-                     "a pair of numbers in [0, 1), e.g. [0.9,0.95]"] = (0.9, 0.95),
-    warmup_steps: Annotated[int, Ge(0)] = 100,
-    min_lr_ratio: Annotated[float, Interval(ge=0, le=1), "of optimizer.lr"] = 0.1,
-    no_decay_embeddings: bool = False,
-    fused: bool = False,  # torch's fused AdamW kernel (trainer=gpu sets it)
-    lr_base_width: Annotated[int | None, Ge(1), "the d_model optimizer.lr is meant for"] = None,
-    decay_start: Annotated[int | None, Ge(0), "the step the LR starts to fall (warmup-stable-decay)"] = None,
-) -> dict[str, Any]:
+def adamw_warmup_cosine(model: torch.nn.Module, max_steps: int, **settings: Any) -> dict[str, Any]:
     """AdamW on ``weight_decay_groups``, its LR warmed up linearly over ``warmup_steps`` then decayed along a
     cosine to ``min_lr_ratio * lr`` at ``max_steps``, stepped every optimiser step.
 
@@ -111,11 +98,15 @@ def adamw_warmup_cosine(
     a CPU), which is why off passes ``None``, not ``False``: ``False`` would also switch the multi-tensor loop off.
 
     ``lr_base_width``: ``lr`` is the rate at that width, and the hidden matrices' rate scales as 1 / d_model from
-    there (``width_scaled_groups``); None: one rate for every parameter."""
-    groups = weight_decay_groups(model, weight_decay, no_decay_embeddings)
-    if lr_base_width is not None:
-        groups = width_scaled_groups(groups, model, lr, lr_base_width)
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True if fused else None)
+    there (``width_scaled_groups``); None: one rate for every parameter.
+
+    ``settings``: ``AdamWSettings`` (each one's default, type and range)."""
+    s = AdamWSettings(**settings)
+    lr, warmup_steps, min_lr_ratio, decay_start = s.lr, s.warmup_steps, s.min_lr_ratio, s.decay_start
+    groups = weight_decay_groups(model, s.weight_decay, s.no_decay_embeddings)
+    if s.lr_base_width is not None:
+        groups = width_scaled_groups(groups, model, lr, s.lr_base_width)
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(s.betas), fused=True if s.fused else None)
     if decay_start is None:
         def multiplier(step: int) -> float:
             return warmup_cosine(step, warmup_steps, max_steps, min_lr_ratio)
@@ -126,3 +117,6 @@ def adamw_warmup_cosine(
     # schedule its own config builds (its decay_start), not the trunk's
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+adamw_warmup_cosine.Settings = AdamWSettings  # as a class's: the settings the factory takes besides (model, max_steps)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Literal
+from typing import Any
 
 import lightning as L
 import torch
-from annotated_types import Ge, Interval
 from lightning.pytorch.utilities import rank_zero_only
 
 from pe_geometry.model import EncoderMLM, LanguageModel
 from pe_geometry.model.sampling import fill_masks, generate, prompt_ids
-from pe_geometry.signatures import MAX_SEED
+from pe_geometry.settings.training import SampleTextSettings
 
 log = logging.getLogger(__name__)
 
@@ -27,22 +26,13 @@ class SampleTextCallback(L.Callback):
     ``pe-generate`` does by default; "full" reads the whole text.
     """
 
-    def __init__(
-        self,
-        prompt: str = "ROMEO:\n",
-        max_new_tokens: Annotated[int, Ge(0), "0: no sample"] = 48,
-        temperature: Annotated[float, Ge(0), "0: greedy"] = 0.8,
-        top_k: Annotated[int | None, Ge(0), "0 or null: off"] = 40,
-        top_p: Annotated[float | None, Interval(gt=0, le=1), "1 or null: off"] = 0.95,
-        blank_every: Annotated[int, Ge(1)] = 6,
-        seed: Annotated[int, Interval(ge=0, le=MAX_SEED)] = 0,
-        context: Literal["train", "full"] = "train",
-    ) -> None:
-        if context not in ("train", "full"):
-            raise ValueError(f"callbacks.sample.context={context!r}; valid: ['train', 'full']")
-        self.context = context
-        self.prompt, self.max_new_tokens, self.blank_every, self.seed = prompt, max_new_tokens, blank_every, seed
-        self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    Settings = SampleTextSettings
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = s = self.Settings(**settings)
+        self.prompt, self.max_new_tokens, self.blank_every, self.seed = s.prompt, s.max_new_tokens, s.blank_every, s.seed
+        self.context = s.context
+        self.sampling = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p}
         self.text: str | None = None  # the last sample, for tests and notebooks
 
     @rank_zero_only
