@@ -27,29 +27,39 @@ READ_ONLY_PE_KEYS = {"_target_", "_partial_", "max_len", "scaling", "scaling_fac
 SWITCH_WORDS = {"rotary": "with RoPE"}  # a PE setting switched on, in words: pe=forgetting pe.rotary=true
 
 
+def family_defaults(target: str) -> dict | None:
+    """The default settings of the encoding ``target`` names: its settings dataclass's (``pe_geometry.settings``), or
+    for a class without one its constructor's (``pe_geometry.signatures``); None where neither can be read."""
+    from pe_geometry.settings import defaults, settings_of
+    from pe_geometry.signatures import EMPTY, Unreadable, constructor_params
+
+    settings = settings_of(target)
+    if settings is not None:
+        return defaults(settings)
+    try:
+        params = constructor_params(target)
+    except (Unreadable, ImportError, AttributeError, ValueError):
+        return None
+    return {name: param.default for name, param in params.items() if param.default is not EMPTY}
+
+
 def pe_variant(config) -> list[str]:
     """How a run's position encoding and embedding differ from the family's defaults, as label parts.
 
-    The defaults are the constructor's (``pe_geometry.signatures``), so a run trained with ``pe.max_distance=64`` is
+    The defaults are the family's (``family_defaults``), so a run trained with ``pe.max_distance=64`` is
     'max_distance 64' and one trained at the defaults adds nothing. A sinusoidal table always says how it sits
     against the word vectors: 'raw table' (added as the formula gives it, ~35x the word rows' norm at d 64 with
     embedding=plain), 'word-norm table' (pe.scale=word_norm) or with the embedding x sqrt(d_model) of the original
     Transformer (embedding=scaled)."""
-    from pe_geometry.signatures import EMPTY, Unreadable, constructor_params
-
     pe_node, parts = config.get("pe") or {}, []
-    try:
-        settings = constructor_params(str(pe_node.get("_target_", "")))
-    except (Unreadable, ImportError, AttributeError, ValueError):
-        settings = None
+    defaults = family_defaults(str(pe_node.get("_target_", "")))
     embedding_scaled = bool((config.get("embedding") or {}).get("scaled", False))
     if str(pe_node.get("_target_", "")).endswith("SinusoidalPE"):
         parts.append("word-norm table" if pe_node.get("scale") == "word_norm"
                      else "embedding x sqrt(d)" if embedding_scaled else "raw table")
     elif embedding_scaled:
         parts.append("embedding x sqrt(d)")
-    if settings is not None:
-        defaults = {name: param.default for name, param in settings.items() if param.default is not EMPTY}
+    if defaults is not None:
         for key, value in pe_node.items():
             if key in READ_ONLY_PE_KEYS or key not in defaults or (key == "scale" and parts[:1] == ["word-norm table"]):
                 continue
