@@ -37,13 +37,14 @@ MODEL_TYPES = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml") if p.
 
 
 def causal_only(pe: str) -> bool:
-    """Whether the class configs/pe/<pe>.yaml names works in causal stacks only (``causal_only``: pe=forgetting), so
-    that an encoder or an encoder-decoder refuses it: the tests over every model x pe check that refusal instead."""
+    """Whether the class configs/pe/<pe>.yaml names works in causal stacks only (its settings' ``causal_only``:
+    pe=forgetting), so that an encoder or an encoder-decoder refuses it: the tests over every model x pe check that
+    refusal instead."""
     from omegaconf import OmegaConf
 
-    from pe_geometry.signatures import import_target
+    from pe_geometry.settings import settings_of
 
-    return bool(getattr(import_target(str(OmegaConf.load(CONFIG_DIR / "pe" / f"{pe}.yaml")._target_)), "causal_only", False))
+    return settings_of(str(OmegaConf.load(CONFIG_DIR / "pe" / f"{pe}.yaml")._target_)).causal_only
 
 torch.set_num_threads(1)
 
