@@ -20,7 +20,6 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from pe_geometry.files import temp_beside
 from pe_geometry.training.hydra_compat import job_error
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def write_record(sweep_dir: str | Path, num: int, overrides: Sequence[str], stat
     path = job_record_path(sweep_dir, num)
     record = {"num": num, "overrides": list(overrides), "status": status, "error": error, "pid": os.getpid()}
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = temp_beside(path)  # the umask's mode, not mkstemp's 0600
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(record, f)
