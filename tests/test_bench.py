@@ -123,3 +123,23 @@ def test_the_console_script_refuses_a_bad_value_in_one_error_line(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert error_line(result.stderr) == "pe-bench tasks: error: --examples, --bootstrap and every multiplier must be >= 1"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # trains a tiny run
+def test_generation_context_reads_a_tiny_run_and_writes_its_figures(tmp_path, tiny_corpus, cache_dir, capsys):
+    """pe-bench generation-context (once experiments/generation_context.py, with no test): both ways of reading, the
+    NLL inside and past the training length, and the speeds, printed and written with --json."""
+    import json
+
+    from pe_geometry.cli.bench import main
+    from pe_geometry.training.pipeline import train
+    from tests.conftest import tiny_train_config
+
+    train(tiny_train_config(tmp_path / "a", tiny_corpus, cache_dir, ["trainer.max_steps=3"]))
+    figures = main(["generation-context", str(tmp_path / "a" / "run"), "--times", "2", "--samples", "2",
+                    "--json", str(tmp_path / "figures.json")])
+    assert set(figures) == {"train", "full", "speed"}
+    assert all(figures[c]["nll_in_context"] > 0 and figures[c]["nll_past"] > 0 for c in ("train", "full"))
+    written = json.loads((tmp_path / "figures.json").read_text())
+    assert (written["samples"], written["new_tokens"]) == (2, 2 * written["seq_len"])
+    assert "NLL rest" in capsys.readouterr().out
