@@ -14,7 +14,7 @@ A learned position table cannot go past ``pe.max_len`` rows: that length is repo
 "n/a". Rows of a learned table between seq_len and max_len exist but never received a
 gradient; those lengths get a number and ``untrained_positions: true``.
 
-``fixed_target_losses`` is the benchmark's protocol (``experiments/extrapolation.py``): averaging over
+``fixed_target_losses`` is the benchmark's protocol (``pe-bench extrapolation``): averaging over
 every position of a long block mixes in the positions a short block also has, so a longer block's loss
 is mostly *within* the trained length. There, the scored tokens are the same at every length: the last
 ``target_len`` tokens of each window, windows of every length ending at the same stream offsets, the
