@@ -29,18 +29,20 @@ SWITCH_WORDS = {"rotary": "with RoPE"}  # a PE setting switched on, in words: pe
 
 def family_defaults(target: str) -> dict | None:
     """The default settings of the encoding ``target`` names: its settings dataclass's (``pe_geometry.settings``), or
-    for a class without one its constructor's (``pe_geometry.signatures``); None where neither can be read."""
+    for a class without one its imported constructor's; None where neither can be read."""
+    import inspect
+
     from pe_geometry.settings import defaults, settings_of
-    from pe_geometry.signatures import EMPTY, Unreadable, constructor_params
+    from pe_geometry.training.schema import signature_params
 
     settings = settings_of(target)
     if settings is not None:
         return defaults(settings)
     try:
-        params = constructor_params(target)
-    except (Unreadable, ImportError, AttributeError, ValueError):
+        params = signature_params(target) or {}
+    except (ImportError, AttributeError, ValueError):
         return None
-    return {name: param.default for name, param in params.items() if param.default is not EMPTY}
+    return {name: p.default for name, p in params.items() if p.default is not inspect.Parameter.empty}
 
 
 def pe_variant(config) -> list[str]:
