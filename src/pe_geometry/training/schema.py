@@ -239,11 +239,12 @@ def _signature_model(target: str, names: tuple[str, ...]) -> tuple[type[BaseMode
     return model, {name: describe(a) for name, a in annotated.items()}
 
 
-def check_node(key: str, node: Any, option: str | None = None,
-               import_classes: bool = True) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """Check one ``_target_`` node: its keys and values against the class's settings dataclass and that dataclass's
-    own rules (``LIBRARY_SETTINGS`` for Lightning's and W&B's classes; the imported signature for a class without
-    settings). ``import_classes=False``: a class without registered settings is left for the full check."""
+def check_node(key: str, node: Any, option: str | None = None, import_classes: bool = True,
+               rules: bool = True) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """Check one ``_target_`` node: its keys and values against the class's settings dataclass and (``rules``) that
+    dataclass's own rules across its keys (``LIBRARY_SETTINGS`` for Lightning's and W&B's classes; the imported
+    signature for a class without settings). ``import_classes=False``: a class without registered settings is left
+    for the full check."""
     if not isinstance(node, dict) or "_target_" not in node:
         return [(key, f"{key}={_show(node)} must be a config node with a _target_ (a class to build)")], {}
     target = str(node["_target_"])
@@ -262,8 +263,8 @@ def check_node(key: str, node: Any, option: str | None = None,
         if problems:
             return problems, {}
         problems, coerced = field_problems(cls, settings, key)
-        if problems:
-            return problems, {}
+        if problems or not rules:
+            return problems, ({} if problems else coerced)
         try:
             cls(**{**settings, **coerced})  # the dataclass's own rules across its keys
         except SettingsError as err:  # an encoding's name its option (pe=learned: ...), as its checks with the sizes do

@@ -125,7 +125,7 @@ def check_layer_pattern(cfg: DictConfig) -> None:
                               f"({', '.join(attention_families())})")
         if isinstance(scheme.pe, dict):  # the schema's own check (keys, types, ranges) on the layer's settings
             node = {"_target_": str(cfg.pe._target_), **_own(cfg.pe), **scheme.pe}
-            lines, _ = check_node("pe", node, _option("pe", cfg.pe))
+            lines, _ = check_node("pe", node, _option("pe", cfg.pe), rules=False)  # its rules: below, naming the entry
             if lines:
                 raise ConfigError("; ".join(line.replace("pe.", f"{where}.pe.", 1) for _, line in lines))
             try:
