@@ -434,3 +434,47 @@ def test_data_benchmark_quick_mode_compares_the_project_with_tokenizers_alone():
         assert re.search(rf"^{size}: [\d,]+ tokens \(identical in both\); project [\d.]+ s", result.stdout, re.MULTILINE), result.stdout
         assert re.search(rf"^{size}: ratio \d+\.\d\d \(project / tokenizers alone, wall\)", result.stdout, re.MULTILINE), result.stdout
         assert re.search(rf"^{size}: project peak memory: anonymous \d+ MB", result.stdout, re.MULTILINE), result.stdout
+
+
+def test_the_data_position_counts_the_batches_consumed_and_hands_a_resume_over_once():
+    """Both data modules keep their resumable position in one mixin: per epoch (a corpus: each epoch a permutation)
+    or over the run (a task); validation batches are not counted; a loaded position starts the next loader only."""
+    from types import SimpleNamespace
+
+    from pe_geometry.data.position import DataPosition
+
+    class PerEpoch(DataPosition):
+        counts_epochs = True
+
+    for cls, consumed in ((PerEpoch, {"epoch": 1, "batches": 1}), (DataPosition, {"batches": 3})):
+        dm = cls()
+        dm.trainer = SimpleNamespace(training=True, current_epoch=0)
+        assert dm.start_position() == ({key: 0 for key in consumed}, False)
+        for epoch in (0, 0, 1):
+            dm.trainer.current_epoch = epoch
+            dm.on_before_batch_transfer("batch", 0)
+        dm.trainer.training = False
+        dm.on_before_batch_transfer("a validation batch", 0)
+        assert dm.state_dict() == consumed
+        dm.load_state_dict({**consumed, "batches": 7})
+        assert dm.state_dict() == consumed  # until the training loader is built from it
+        assert dm.start_position() == ({**consumed, "batches": 7}, True)
+        assert dm.start_position() == ({**consumed, "batches": 7}, False)
+
+
+def test_hf_corpus_reads_the_data_modules_settings_and_a_count_is_an_integer(tmp_path):
+    dm = HFDataModule(path="parquet", data_files="a.parquet", val_size=100, cache_dir=str(tmp_path))
+    assert dm.corpus.settings == dm.settings and dm.corpus.settings.val_size == 100 and dm.seq_len == 128
+    with pytest.raises(SettingsError, match=r"data.val_size=100.0 must be a fraction in \(0, 1\) or a number of documents >= 1"):
+        HFDataModule(path="parquet", val_size=100.0)
+    with pytest.raises(SettingsError, match=r"data.max_docs=0 must be a positive integer, or null for every document"):
+        HFDataModule(path="parquet", max_docs=0)
+
+
+def test_the_vocabulary_range_counts_the_byte_alphabet_of_the_tokenizer():
+    """pe_geometry.settings (torch- and tokenizers-free) states byte-level BPE's alphabet; it is the library's."""
+    from tokenizers import pre_tokenizers
+
+    from pe_geometry.settings.data import BYTE_ALPHABET
+
+    assert len(pre_tokenizers.ByteLevel.alphabet()) == BYTE_ALPHABET

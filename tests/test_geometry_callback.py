@@ -90,7 +90,7 @@ def test_attention_shares_come_from_the_real_first_layer_scores(norm):
 
 
 def test_bad_measure_name_is_rejected():
-    with pytest.raises(ValueError, match=r"callbacks.geometry.measures=\[\"input\",\"angles\"\] must be a list of \['input', 'hidden', 'attention'\]"):
+    with pytest.raises(ValueError, match=r"geometry.measures=\[.*\"angles\"\] must be a list of \['input', 'hidden', 'attention'\]"):
         GeometryCallback(measures=["input", "angles"])
 
 
@@ -182,3 +182,11 @@ def test_the_scaling_benchmark_quick_mode_prints_the_table_shares_and_cost_law()
     assert [d for d, _ in rows] == ["64", "128"], out
     assert all(0 < float(share) < 100 for _, share in rows), out
     assert re.search(r"^cost law .*input d\^-?[\d.]+, hidden d\^-?[\d.]+", out, re.MULTILINE), out
+
+
+def test_the_settings_offer_the_measures_the_recorder_has():
+    """pe_geometry.settings (torch-free) lists the measures a config may name; they are analysis.record's."""
+    from pe_geometry.analysis.record import MEASURES
+    from pe_geometry.settings.training import MEASURES as OFFERED
+
+    assert OFFERED == MEASURES and tuple(GeometryCallback().measures) == MEASURES

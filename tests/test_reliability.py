@@ -376,8 +376,8 @@ def _cli_cases(tmp: Path, corpus: dict[str, Path], checkpoint: Path) -> dict[str
     from pe_geometry.data.datamodule import TextDataModule
 
     corrupt_cache = tmp / "corrupt-cache"
-    dm = TextDataModule(TextFilesCorpus(train_files=[str(corpus["train"])], val_files=[str(corpus["validation"])]), vocab_size=300, seq_len=32,
-                        batch_size=8, cache_dir=str(corrupt_cache / "data"))
+    files = TextFilesCorpus(train_files=[str(corpus["train"])], val_files=[str(corpus["validation"])])
+    dm = TextDataModule(files, vocab_size=300, seq_len=32, batch_size=8, cache_dir=str(corrupt_cache / "data"))
     dm.prepare_data()
     stream = dm.cache_entry / "train.npy"
     stream.write_bytes(stream.read_bytes()[:1000])

@@ -283,3 +283,14 @@ def test_make_batch_refuses_an_unknown_task_naming_the_valid_ones():
         make_batch("cpy", 2, 16, generator=0)
     with pytest.raises(ValueError, match=r"seq_len=3 is too short for task=addition: one example needs seq_len >= 5"):
         make_batch("addition", 2, 3, generator=0)
+
+
+def test_the_task_settings_check_the_fit_and_the_models_objective():
+    from pe_geometry.settings import SettingsError
+    from pe_geometry.settings.data import TaskDataSettings
+
+    TaskDataSettings(task="addition", seq_len=5).check_objective("next-token")
+    with pytest.raises(SettingsError, match=r"data=task scores answers as next tokens: it trains model=decoder, not a seq2seq model"):
+        TaskDataSettings().check_objective("seq2seq")
+    with pytest.raises(SettingsError, match=r"data.seq_len=4 is too short for data.task=addition: one example needs data.seq_len >= 5"):
+        TaskDataSettings(task="addition", seq_len=4)
