@@ -134,16 +134,18 @@ def test_every_group_option_named_exists(doc):
 
 
 def has_key(group: str, keys: list[str]) -> bool:
-    """Whether some option of ``group`` has the nested key ``keys``: a yaml's own keys and its class's settings (the
-    constructor defaults Hydra composes in), not its defaults list's."""
-    from omegaconf import OmegaConf
+    """Whether some option of ``group`` has the nested key ``keys``: a yaml's own keys and its classes' settings (the
+    stored nodes its defaults list extends), not the other groups its defaults list picks."""
+    from pe_geometry.settings import defaults, settings_of
 
-    from hydra_plugins.pe_geometry.constructor_defaults import fill_constructor_defaults
+    def with_settings(node):
+        if isinstance(node, dict):
+            settings = settings_of(str(node.get("_target_", "")))
+            node = {**(defaults(settings) if settings else {}), **{k: with_settings(v) for k, v in node.items()}}
+        return node
 
     for path in (CONFIG_DIR / group).glob("*.yaml"):
-        loaded = OmegaConf.create(yaml.safe_load(path.read_text()) or {})
-        fill_constructor_defaults(loaded, group)
-        node = OmegaConf.to_container(loaded)
+        node = with_settings(yaml.safe_load(path.read_text()) or {})
         if path.read_text().startswith("# @package _global_") and group in node:
             node = node[group]  # an option that overrides other groups too (model=xtransformers) keeps its own keys here
         for key in keys:

@@ -125,16 +125,16 @@ def test_a_users_encoding_and_attention_train_check_and_resume(user_dir, tiny_co
 
 def test_settings_of_loads_a_packages_entry_point(user_dir, monkeypatch):
     """``settings_of`` finds a class outside the package through its ``pe_geometry.settings`` entry point, once."""
-    from pe_geometry.settings import base
+    from pe_geometry.settings import REGISTRY, SettingsError, registry
 
     monkeypatch.syspath_prepend(str(user_dir))
-    base.load_plugins.cache_clear()
+    registry.load_plugins.cache_clear()
     try:
-        found = base.settings_of("my_parts.QuietSinusoid")
-        assert found is not None and found.__name__ == "QuietSettings" and base.load_plugins() == ("my_parts_settings",)
-        with pytest.raises(base.SettingsError, match=r"^pe.amplitude=0 must be a number > 0$"):
+        found = registry.settings_of("my_parts.QuietSinusoid")
+        assert found is not None and found.__name__ == "QuietSettings" and registry.load_plugins() == ("my_parts_settings",)
+        with pytest.raises(SettingsError, match=r"^pe.amplitude=0 must be a number > 0$"):
             found(amplitude=0)
     finally:
-        base.REGISTRY.pop("my_parts.QuietSinusoid", None)
-        base.load_plugins.cache_clear()
+        REGISTRY.pop("my_parts.QuietSinusoid", None)
+        registry.load_plugins.cache_clear()
         sys.modules.pop("my_parts_settings", None)

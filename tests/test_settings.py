@@ -22,7 +22,7 @@ from pe_geometry.settings.wording import describe
 from pe_geometry.training.schema import LIBRARY_SETTINGS, import_target
 from tests.conftest import compose_train_config
 
-HYDRA_KEYS = {"_target_", "_partial_", "defaults"}
+HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "defaults"}
 
 
 def shipped_nodes() -> list[tuple[Path, str, dict]]:
@@ -97,17 +97,17 @@ def test_the_composed_config_holds_every_default():
 
 def test_a_changed_default_reaches_the_composed_config(monkeypatch):
     """The composed default is the dataclass's, not a copy: change it, the config follows."""
-    from pe_geometry.settings import base
+    from pe_geometry.settings import registry
     from pe_geometry.settings.positional import CoPESettings
 
-    original = base.defaults
-    monkeypatch.setattr(base, "defaults", lambda cls: {**original(cls), "p_max": 7} if cls is CoPESettings else original(cls))
+    original = registry.defaults
+    monkeypatch.setattr(registry, "defaults", lambda cls: {**original(cls), "p_max": 7} if cls is CoPESettings else original(cls))
     monkeypatch.setenv("PE_TEST_COMPOSE_CACHE", "0")
     try:
         assert compose_train_config(["pe=cope"]).pe.p_max == 7
     finally:
         monkeypatch.undo()
-        base.store_in_hydra()  # the true defaults back in the store for the tests after this one
+        registry.store_in_hydra()  # the true defaults back in the store for the tests after this one
 
 
 def test_lightnings_classes_keep_what_their_yaml_says():

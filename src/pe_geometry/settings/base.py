@@ -14,12 +14,14 @@ one dataclass deriving ``Settings``::
 
 - building one checks every field's type and range (``RotarySettings(base=0.5)``: ``pe.base=0.5 must be a number
   > 1``), so the class built from it (``RotaryPE(d_model, n_heads, **settings)``) never re-checks a range;
-- ``component`` registers it for the class it configures: the config schema (``training.schema``) finds it by the
-  node's ``_target_`` without importing the class (this package imports no torch, so a bad value is answered before
-  torch loads), and ``store_in_hydra`` hands every registered dataclass's defaults to Hydra's ``ConfigStore`` as
-  ``settings/<Dataclass>``, which a group's yaml extends (``defaults: [/settings/RotarySettings@_here_, _self_]``);
+- ``component`` registers it for the class it configures (``REGISTRY``): the config schema (``training.schema``)
+  finds it by the node's ``_target_`` without importing the class (``registry.settings_of``; this package imports no
+  torch, so a bad value is answered before torch loads), and ``registry.store_in_hydra`` hands every registered
+  dataclass's defaults to Hydra's ``ConfigStore`` as ``settings/<Dataclass>``, which a group's yaml extends
+  (``defaults: [/settings/RotarySettings@_here_, _self_]``);
 - a package outside this one registers its own the same way, from a module named in its ``pe_geometry.settings``
-  entry point (``load_plugins``), and is then first-class: bare overrides, ``--cfg job``, every default stored.
+  entry point (``registry.load_plugins``), and is then first-class: bare overrides, ``--cfg job``, every default
+  stored.
 
 A string in the ``Annotated`` metadata words the errors: one starting with "a "/"an " names the value (``"a
 probability"`` reads ``a probability in [0, 1)``), one starting with "null" says what null means, any other is added
@@ -34,7 +36,6 @@ import json
 import math
 import typing
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from types import UnionType
 from typing import Annotated, Any, ClassVar, Union, get_args, get_origin
 
@@ -43,7 +44,6 @@ from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Strict
 from pe_geometry.settings.wording import describe
 
 MAX_SEED = 2**32 - 1  # numpy's seed range, which seed_everything enforces: the range of every seed setting
-PLUGIN_GROUP = "pe_geometry.settings"  # the entry-point group of packages that register components of their own
 
 
 class SettingsError(ValueError):
@@ -111,27 +111,6 @@ def component(target: str, *also: str) -> Any:
     return register
 
 
-@functools.cache
-def load_plugins() -> tuple[str, ...]:
-    """Import the modules other packages name in their ``pe_geometry.settings`` entry points (their ``component``
-    calls register them); the names loaded. A module that fails to import is a plain error: its components would
-    otherwise be silently unchecked."""
-    loaded = []
-    for entry in entry_points(group=PLUGIN_GROUP):
-        entry.load()
-        loaded.append(entry.value)
-    return tuple(loaded)
-
-
-def settings_of(target: str) -> type[Settings] | None:
-    """The settings registered for a ``_target_`` (ours, or a plugin's), else None."""
-    import pe_geometry.settings  # noqa: F401  (registers ours)
-
-    if target not in REGISTRY:
-        load_plugins()
-    return REGISTRY.get(target)
-
-
 def defaults(cls: type[Settings]) -> dict[str, Any]:
     """The fields that have a default, as a config holds them (tuples as lists)."""
     out = {}
@@ -141,19 +120,6 @@ def defaults(cls: type[Settings]) -> dict[str, Any]:
         if value is not dataclasses.MISSING:
             out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
-
-
-def store_in_hydra() -> None:
-    """Every registered dataclass's defaults in Hydra's ``ConfigStore`` as ``settings/<Dataclass>`` (a group's
-    yaml extends it). Idempotent."""
-    from hydra.core.config_store import ConfigStore
-
-    import pe_geometry.settings  # noqa: F401
-
-    load_plugins()
-    store = ConfigStore.instance()
-    for cls in set(REGISTRY.values()):  # the class first: what a reader of ``--cfg job`` looks for
-        store.store(group="settings", name=cls.__name__, node={"_target_": cls.target, **defaults(cls)})
 
 
 # -- validation ---------------------------------------------------------------------------------------------------

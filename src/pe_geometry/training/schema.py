@@ -33,7 +33,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from pe_geometry.configs import SUPPLIED
-from pe_geometry.settings.base import MAX_SEED, SettingsError, as_checked, field_problems, model_problems, settings_of, show
+from pe_geometry.settings.base import MAX_SEED, SettingsError, as_checked, field_problems, model_problems, show
+from pe_geometry.settings.registry import settings_of
 from pe_geometry.settings.wording import describe
 
 # Keys Hydra's instantiate reads itself; they are not constructor arguments.
