@@ -53,8 +53,9 @@ def rederived_score_parts(attn, x: torch.Tensor, causal: bool, mix: torch.Tensor
     for bias in (attn.pe.score_bias(T, T, 0), attn.pe.qk_bias(q, k, 0, causal)):
         if bias is not None:
             position = position + bias.float()
-    if hasattr(attn.pe, "gate_bias"):  # a data-dependent encoding (FoX): its gates read from the layer input x
-        position = position + attn.pe.gate_bias(attn.pe.input_gates(x, attn.pe_layer), T, causal)
+    gates = attn.pe.input_gates(x, attn.pe_layer)  # a data-dependent encoding's (FoX): read from the layer input x
+    if gates is not None:
+        position = position + attn.pe.gate_bias(gates, T, causal)
     factor = attn._logn_factor(T, 0, causal, x.device)
     if factor is not None:
         content, position = content * factor, position * factor
@@ -71,8 +72,8 @@ def assert_score_parts_softmax_to_kept_weights(model, idx: torch.Tensor) -> None
     with torch.no_grad():
         with record_attention(model) as record:
             model.input_stack(idx)
-        mask = pa._mask(model, idx.shape[1], idx.device)
         for i, (block, x) in enumerate(zip(model.blocks, attention_inputs(model, idx))):
+            mask = pa._mask(model, idx.shape[1], idx.device, i)  # (a layer pattern: each layer's own window)
             content, position = pa.score_parts(block.attn, record[i])
             logits = (content + position).masked_fill(~mask, float("-inf"))
             torch.testing.assert_close(logits, record[i]["logits"], atol=1e-5, rtol=1e-5)
@@ -84,7 +85,7 @@ def assert_score_parts_softmax_to_kept_weights(model, idx: torch.Tensor) -> None
 def figures_as_before(model, idx: torch.Tensor, mix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(block 0's relative positional share (H,), mean distance (n_layers, H)) computed as before the analysis read
     the recorded points: from each block's input and the weights (rederived_score_parts)."""
-    causal, mask = model.input_stack.causal, pa._mask(model, idx.shape[1], idx.device)
+    causal, mask = model.input_stack.causal, pa._mask(model, idx.shape[1], idx.device)  # block 0's
     positions = torch.arange(idx.shape[1], dtype=torch.float64)
     distance = (positions[:, None] - positions[None, :]).abs()
     inputs = list(attention_inputs(model, idx))
@@ -94,10 +95,10 @@ def figures_as_before(model, idx: torch.Tensor, mix: torch.Tensor | None = None)
         cov, var = cov + c, var + v
     out = []
     for block, x in zip(model.blocks, inputs):
-        total = 0.0
+        total, visible = 0.0, block.attn.visible_keys_mask(idx.shape[1], causal)  # each block's own window
         for one in x.split(1):
             content, position = rederived_score_parts(block.attn, one, causal)
-            weights = (content + position).double().masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            weights = (content + position).double().masked_fill(~visible, float("-inf")).softmax(dim=-1)
             total = total + (weights * distance).sum(dim=-1).mean(dim=-1).sum(dim=0)
         out.append(total / idx.shape[0])
     return cov / var, torch.stack(out)
