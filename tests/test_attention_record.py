@@ -1,10 +1,10 @@
 """The attention's hook points (model/attention.py, ``record_attention``): what they hold is what the forward computed.
 
-The recorded logits are checked against scores written out by hand from the weights (plain attention, ALiBi's
-slopes, the log-length factor), against the explicit kernel's kept weights, and between the two kernels (the fused
-one never forms them: recording writes them out); q and k after the encoding, the score bias and the query scale
-add up to them; a cached step records the last rows of a full pass; and recording changes no output and is gone
-after the ``with``.
+The recorded logits are checked here against scores written out by hand from the weights (plain attention, ALiBi's
+slopes, the log-length factor); recording changes no output and is gone after the ``with``. For every encoding and
+attention variant (tests/test_encoding_conformance.py, ``recorded``, with ``from_points`` below): q and k after the
+encoding, the score bias and the query scale add up to the logits, both kernels record them, the explicit kernel
+softmaxes them, and a cached step records the last rows of a full pass.
 """
 
 from __future__ import annotations
@@ -15,18 +15,13 @@ from functools import partial
 import pytest
 import torch
 
-from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, SDPAttention
+from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, SDPAttention
 from pe_geometry.model.attention import attention_mask
 from pe_geometry.model.positional import alibi_slopes
-from pe_geometry.model.transformer import ATTENTION_POINTS, record_attention
-from tests.conftest import PE_TYPES
+from pe_geometry.model.transformer import record_attention
 from tests.test_attention import build, live
 
 T = 12
-VARIANTS = {
-    "plain": {},
-    "all": {"n_kv_heads": 2, "qk_norm": True, "window": 4, "logn_scaling": True, "training_length": 6},
-}
 
 
 def tokens(B: int = 2, length: int = T, seed: int = 0) -> torch.Tensor:
@@ -73,50 +68,6 @@ def test_recorded_logits_are_the_scores_written_out_by_hand(model_cls):
         if causal:
             expected = expected.masked_fill(~attention_mask(T, T, True), float("-inf"))
         torch.testing.assert_close(recorded(model, idx)[0]["logits"], expected, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("pe", PE_TYPES)
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM])
-def test_the_points_add_up_to_the_logits_both_kernels_record_and_the_explicit_kernel_softmaxes(model_cls, pe, variant):
-    explicit = live(build(model_cls, pe, partial(ExplicitAttention, **VARIANTS[variant]))).eval()
-    fused = build(model_cls, pe, partial(SDPAttention, **VARIANTS[variant])).eval()
-    fused.load_state_dict(explicit.state_dict())
-    idx, causal = tokens(), explicit.input_stack.causal
-    for block in explicit.blocks:
-        block.attn.keep_weights = True
-    ours, theirs = recorded(explicit, idx), recorded(fused, idx)
-    for i, block in enumerate(explicit.blocks):
-        points = ours[i]
-        assert set(points) == set(ATTENTION_POINTS) and points["logits"].shape == (2, 4, T, T)
-        assert points["q"].shape == points["q_pre"].shape == (2, 4, T, 8)
-        assert points["k"].shape == (2, block.attn.n_kv_heads, T, 8)
-        torch.testing.assert_close(points["logits"].softmax(dim=-1), block.attn.attn_weights)
-        tolerance = 1e-6 if i == 0 else 1e-4  # block 1 reads block 0's output, which the kernels round apart
-        torch.testing.assert_close(theirs[i]["logits"], points["logits"], atol=tolerance, rtol=tolerance)
-        torch.testing.assert_close(from_points(block.attn, points, causal), points["logits"], atol=1e-5, rtol=1e-5)
-        if pe in ("none", "sinusoidal", "learned", "alibi", "t5_bias", "fire", "kerple", "forgetting"):  # no rotation: q, k untouched
-            assert points["q"].equal(points["q_pre"]) and points["k"].equal(points["k_pre"])
-        assert (points["score_bias"] is None) == (pe in ("none", "sinusoidal", "learned", "rope", "xpos"))
-
-
-@pytest.mark.parametrize("pe", ["rope", "alibi", "cope"])
-@pytest.mark.parametrize("kernel", [ExplicitAttention, SDPAttention])
-def test_a_cached_step_records_the_last_rows_of_a_full_pass(kernel, pe):
-    """Through a KVCache the last call records its queries against every cached key: the full pass's last rows (a
-    window of 4: the keys it kept, the band's last 4 columns)."""
-    for kw in ({}, {"window": 4}):
-        model = live(build(DecoderLM, pe, partial(kernel, **kw))).eval()
-        idx = tokens(length=9)
-        full = recorded(model, idx)[1]["logits"]
-        cache = KVCache()
-        with torch.no_grad(), record_attention(model, [1]) as record:
-            model(idx[:, :6], cache=cache)
-            model(idx[:, 6:], cache=cache)
-        step = record[1]["logits"]
-        keys = step.shape[-1]
-        assert step.shape == (2, 4, 3, 9 if not kw else keys) and record[1]["k"].shape[2] == keys
-        torch.testing.assert_close(step, full[:, :, 6:, 9 - keys :], atol=1e-5, rtol=1e-5)
 
 
 def test_recording_changes_no_output_and_is_gone_after_the_with():

@@ -1,7 +1,8 @@
 """Every block's positional share (analysis.position_attention.layer_positional_shares, the report's
 ``positional_share_layers``): block 0's figure, block by block, checked against block 0's own function, against the
 scores recomputed from each block's weights over a hand-built mask, and against two values derived by hand (a NoPE
-layer adds nothing: 0; an ALiBi layer whose queries are zero scores its bias alone: 1)."""
+layer adds nothing: 0; an ALiBi layer whose queries are zero scores its bias alone: 1). Every encoding's blocks
+against ``shares_from_weights``: tests/test_encoding_conformance.py (``figures``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ import torch
 
 from pe_geometry.analysis import position_attention as pa
 from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention
-from tests.conftest import PE_TYPES
-from tests.test_attention import build, live, pe_factory
+from tests.test_attention import build, pe_factory
 from tests.test_position_attention import attention_inputs, rederived_score_parts, tokens
 
-INPUT_TABLES = ("learned", "sinusoidal")
 LOCAL_GLOBAL = [{"window": 4, "pe": {"base": 10000.0}}, {"window": None, "pe": {"base": 1e6}}]
 
 
@@ -44,20 +43,6 @@ def shares_from_weights(model, idx: torch.Tensor, windows: list | None = None) -
         S_c = torch.where(mask, S - torch.where(mask, S, 0.0).sum(dim=-1, keepdim=True) / n, 0.0)
         rows.append((position.double() * S_c).sum(dim=(0, 2, 3)) / (S_c * S_c).sum(dim=(0, 2, 3)))
     return torch.stack(rows)
-
-
-@pytest.mark.parametrize("pe", PE_TYPES)
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM])
-def test_row_0_is_block_0s_share_and_every_block_is_its_scores_recomputed_from_the_weights(model_cls, pe):
-    model, idx = live(build(model_cls, pe, ExplicitAttention)).eval(), tokens()
-    with torch.no_grad():
-        shares = pa.layer_positional_shares(model, idx)
-        assert shares.shape == (2, 4) and shares.dtype == torch.float64
-        torch.testing.assert_close(shares[0], pa.positional_share(model, idx), atol=1e-12, rtol=0)
-        if pe in INPUT_TABLES:  # the additive split exists in block 0 only
-            assert model.W_pos is not None and shares[1].isnan().all()
-            return
-        torch.testing.assert_close(shares, shares_from_weights(model, idx), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM])

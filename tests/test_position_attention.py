@@ -1,7 +1,8 @@
 """Every family on one axis (analysis.position_attention): block 0's positional score share and each head's mean
-attention distance, checked against the attention's own weights and hand computations, and against the figures as
-they were computed before the analysis read the forward's hook points (``rederived_score_parts``: the scores
-recomputed from the weights)."""
+attention distance, checked against hand computations here. The references the conformance suite
+(tests/test_encoding_conformance.py, ``score_parts`` and ``figures``) checks every encoding against live here too: the
+figures as they were computed before the analysis read the forward's hook points (``rederived_score_parts``: the
+scores recomputed from the weights, ``figures_as_before``) and the score parts softmaxing to the kept weights."""
 
 from __future__ import annotations
 
@@ -12,24 +13,16 @@ import torch
 
 from pe_geometry.analysis import position_attention as pa
 from pe_geometry.analysis.attention_split import first_layer_attention_split, recorded_attention
-from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention, SDPAttention
+from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention
 from pe_geometry.model.positional import alibi_slopes
 from pe_geometry.model.transformer import record_attention
-from tests.conftest import PE_TYPES
-from tests.test_attention import build, live
+from tests.test_attention import build
 
 T = 16
 
 
 def tokens(B: int = 3, seed: int = 0) -> torch.Tensor:
     return torch.randint(2, 50, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.mark.parametrize("pe", PE_TYPES)
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM])
-def test_content_plus_position_are_the_logits_the_attention_softmaxes(pe, model_cls):
-    """softmax(content + position) over the visible keys is the explicit path's kept weights, in every block."""
-    assert_score_parts_softmax_to_kept_weights(live(build(model_cls, pe, ExplicitAttention)).eval(), tokens())
 
 
 def attention_inputs(model, idx: torch.Tensor):
@@ -65,7 +58,7 @@ def rederived_score_parts(attn, x: torch.Tensor, causal: bool, mix: torch.Tensor
 def assert_score_parts_softmax_to_kept_weights(model, idx: torch.Tensor) -> None:
     """score_parts' content + position from every block's recorded points, masked with the layer's visible keys,
     softmax to the weights the explicit path kept and equal the recorded logits and the parts recomputed from the
-    weights, in every block (test_attention_variants runs it under every attention variant too)."""
+    weights, in every block (the conformance suite runs it for every encoding under every attention variant)."""
     for block in model.blocks:
         block.attn.keep_weights = True
     causal = model.input_stack.causal
@@ -102,24 +95,6 @@ def figures_as_before(model, idx: torch.Tensor, mix: torch.Tensor | None = None)
             total = total + (weights * distance).sum(dim=-1).mean(dim=-1).sum(dim=0)
         out.append(total / idx.shape[0])
     return cov / var, torch.stack(out)
-
-
-@pytest.mark.parametrize("kernel", [ExplicitAttention, SDPAttention])
-@pytest.mark.parametrize("pe", PE_TYPES)
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM])
-def test_the_figures_read_from_the_recorded_points_are_the_figures_recomputed_from_the_weights(model_cls, pe, kernel):
-    """Reading the forward's hook points instead of recomputing the scores changes no figure: the shares (and the
-    rotation null's draws) to 1e-9, the mean distances to float32 rounding (the logits summed once, not as
-    content + position)."""
-    model, idx = live(build(model_cls, pe, kernel)).eval(), tokens()
-    with torch.no_grad():
-        share, distance = figures_as_before(model, idx)
-        torch.testing.assert_close(pa.relative_position_shares(model, idx), share, atol=1e-9, rtol=0)
-        torch.testing.assert_close(pa.mean_attention_distance(model, idx)[0], distance, atol=1e-6, rtol=0)
-        if pa.has_rotation(model):
-            generator = torch.Generator().manual_seed(0)
-            draws = [figures_as_before(model, idx, pa.haar_orthogonal(4, 8, generator))[0] for _ in range(3)]
-            torch.testing.assert_close(pa.rotation_share_draws(model, idx, n_draws=3), torch.stack(draws), atol=1e-9, rtol=0)
 
 
 def test_alibi_share_is_the_hand_computed_covariance_of_its_bias():
