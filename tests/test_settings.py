@@ -47,7 +47,6 @@ NOT_SETTINGS = {
     "pe_geometry.training.callbacks.ResumableCSVLogger",  # Lightning's CSVLogger
     "pe_geometry.training.sweep.SweepReport",  # a Hydra callback, no settings
     "pe_geometry.training.throughput.TokenThroughputMonitor",  # Lightning's ThroughputMonitor (window_size: LIBRARY_SETTINGS)
-    "pe_geometry.training.progress.StepProgress",
     "hydra_plugins.pe_geometry.launchers.IsolatedJoblibLauncher",
     "hydra_plugins.pe_geometry.launchers.SlurmLauncher",
 }

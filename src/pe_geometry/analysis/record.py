@@ -44,8 +44,8 @@ from pe_geometry.analysis.attention_split import first_layer_attention_split, po
 from pe_geometry.analysis.nulls import _PARALLEL_MACS, _threads, null_summary, rotation_null
 from pe_geometry.analysis.position_probe import PositionProbeSums
 from pe_geometry.model.transformer import LanguageModel
+from pe_geometry.settings.training import MEASURES  # what the recorder can measure (its callback's settings say it)
 
-MEASURES = ("input", "hidden", "attention")
 ATTENTION_BLOCKS = 4  # the first blocks of the batch the attention measures read
 
 

@@ -127,12 +127,22 @@ class TextFilesCorpusSettings(Settings):
 
 
 # -- data modules (data) --------------------------------------------------------------------------------------------
-@component("pe_geometry.data.datamodule.TextDataModule")
 @dataclass(frozen=True)
-class TextDataSettings(Settings):
-    """A corpus (``data.corpus``, built apart) tokenized into blocks of ``seq_len + 1`` tokens, served in batches."""
+class DataSettings(Settings):
+    """What every data module's settings answer besides their own keys: whether a model trained on ``objective``
+    (its settings' ``objective``: next-token, masked-lm, seq2seq) can learn from this data; every one can, unless
+    said."""
 
     group: ClassVar[str] = "data"
+
+    def check_objective(self, objective: str) -> None:
+        """``SettingsError`` (one line) where the model cannot be trained on this data."""
+
+
+@component("pe_geometry.data.datamodule.TextDataModule")
+@dataclass(frozen=True)
+class TextDataSettings(DataSettings):
+    """A corpus (``data.corpus``, built apart) tokenized into blocks of ``seq_len + 1`` tokens, served in batches."""
 
     tokenizer: Literal[TOKENIZER_KINDS] = "bpe"
     vocab_size: int = 2048  # its range depends on the tokenizer (check_tokenizer_settings)
@@ -189,10 +199,8 @@ class HFDataSettings(TextDataSettings, HFCorpusSettings):
 
 @component("pe_geometry.data.task_datamodule.TaskDataModule")
 @dataclass(frozen=True)
-class TaskDataSettings(Settings):
+class TaskDataSettings(DataSettings):
     """A synthetic task (``data.tasks``) generated from the seed, served as (block, answer mask) batches."""
-
-    group: ClassVar[str] = "data"
 
     task: TaskName = "copy"
     seq_len: Annotated[int, Ge(2)] = 128

@@ -82,3 +82,14 @@ class SampleTextSettings(Settings):
     blank_every: Annotated[int, Ge(1)] = 6
     seed: Annotated[int, Interval(ge=0, le=MAX_SEED)] = 0
     context: Literal["train", "full"] = "train"
+
+
+@component("pe_geometry.training.progress.StepProgress")
+@dataclass(frozen=True)
+class StepProgressSettings(Settings):
+    """The whole-run progress: a bar on a terminal, a log line every ``log_every_n_steps`` steps elsewhere."""
+
+    group: ClassVar[str] = "callbacks.progress_bar"
+
+    log_every_n_steps: Annotated[int, Ge(1)] = 50
+    force_lines: bool | None = None  # null: lines when stdout is not a terminal

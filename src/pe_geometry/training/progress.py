@@ -19,13 +19,13 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import lightning as L
-from annotated_types import Ge
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from tqdm import tqdm
 
+from pe_geometry.settings.training import StepProgressSettings
 from pe_geometry.training.lightning_compat import summary_table
 
 log = logging.getLogger("train")
@@ -42,12 +42,13 @@ def format_duration(seconds: float) -> str:
 class StepProgress(ProgressBar):
     """Whole-run progress in optimiser steps: a bar on a terminal, log lines elsewhere."""
 
-    def __init__(self, log_every_n_steps: Annotated[int, Ge(1)] = 50, force_lines: bool | None = None) -> None:
+    Settings = StepProgressSettings
+
+    def __init__(self, **settings: Any) -> None:
         super().__init__()
-        if log_every_n_steps <= 0:
-            raise ValueError(f"callbacks.progress_bar.log_every_n_steps={log_every_n_steps} must be positive")
-        self.log_every_n_steps = log_every_n_steps
-        self.use_lines = (not sys.stdout.isatty()) if force_lines is None else force_lines
+        s = self.settings = self.Settings(**settings)
+        self.log_every_n_steps = s.log_every_n_steps
+        self.use_lines = (not sys.stdout.isatty()) if s.force_lines is None else s.force_lines
         self._enabled = True
         self._bar: tqdm | None = None
         self._start_time = 0.0

@@ -17,8 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from pe_geometry.data.tokenizer import check_tokenizer_settings
 from pe_geometry.settings import Settings, SettingsError, Sizes, settings_of
+from pe_geometry.settings.data import DataSettings
 from pe_geometry.settings.model import layer_schemes
 from pe_geometry.settings.positional import EncodingSettings, attention_families
 from pe_geometry.training.schema import SchemaError, check_node, check_schema
@@ -170,18 +170,27 @@ def check_model_parts(cfg: DictConfig) -> None:
 
 
 def check_data(cfg: DictConfig) -> None:
-    """The tokenizer's vocabulary (a corpus), or the data settings' own rule about the model (data=task: the model is
-    a decoder, the task fits ``data.seq_len``)."""
-    data = cfg.data
+    """The data settings' rule about the model (data=task: the model is a decoder); the rest of the data's rules (the
+    tokenizer's vocabulary, the task fits ``data.seq_len``) are its settings' own, run by the schema."""
+    settings = _settings(cfg.data)
     try:
-        if "tokenizer" in data:
-            check_tokenizer_settings(data.tokenizer, int(data.vocab_size))
-        settings = _settings(data)
-        check_objective = getattr(settings, "check_objective", None)
-        if check_objective is not None:
-            check_objective(_objective(cfg))
-    except ValueError as err:
+        if isinstance(settings, DataSettings):
+            settings.check_objective(_objective(cfg))
+    except SettingsError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_callbacks(cfg: DictConfig) -> None:
+    """Each callback's settings against the model's sizes (``callbacks.geometry.fixed_k`` at most ``model.d_model``)."""
+    for node in (cfg.get("callbacks") or {}).values():
+        if node is None or "_target_" not in node:
+            continue
+        try:
+            settings = _settings(node)
+            if settings is not None:
+                settings.check(_sizes(cfg))
+        except SettingsError as err:
+            raise ConfigError(str(err)) from None
 
 
 def check_run_settings(cfg: DictConfig) -> None:
@@ -192,9 +201,6 @@ def check_run_settings(cfg: DictConfig) -> None:
     limit = cfg.trainer.get("limit_val_batches")
     if isinstance(limit, float) and limit > 1:  # Lightning reads a float as a fraction of the validation set
         raise ConfigError(f"trainer.limit_val_batches={limit} must be a number of batches >= 0 or a fraction in [0, 1]")
-    geometry = (cfg.get("callbacks") or {}).get("geometry")
-    if geometry is not None and int(geometry.get("fixed_k", 1)) > int(cfg.model.d_model):
-        raise ConfigError(f"callbacks.geometry.fixed_k={geometry.fixed_k} must be at most model.d_model={cfg.model.d_model}")
 
 
 def check_devices(cfg: DictConfig) -> None:
@@ -231,6 +237,7 @@ def check_config(cfg: DictConfig, import_classes: bool = True) -> None:
     check_attention(cfg, import_classes)
     check_layer_pattern(cfg)
     check_data(cfg)
+    check_callbacks(cfg)
     check_run_settings(cfg)
     if import_classes:
         check_model_parts(cfg)
