@@ -1,11 +1,12 @@
 # ruff: noqa: E501  (the table of bad settings keeps each case and its message on one line)
 """The attention variants (grouped-query, QK-norm, a sliding window, log-length scaling) against independent references.
 
-Each variant is compared with something that does not share its code: torch's own ``enable_gqa``, plain multi-head
-attention with the shared heads copied, x-transformers' ``qk_norm`` attention, a band mask and the log-length formula
-written out by hand. Then, for every variant (and all four at once): the two kernels agree, cached decoding gives the
-logits of a full pass, ``score_parts`` still adds up to the logits, bad settings are one line naming the key, and a
-tiny run trains with the geometry callback recording block 0.
+Each variant is compared with something that does not share its code: torch's own ``enable_gqa``, x-transformers'
+``qk_norm`` attention, a band mask and the log-length formula written out by hand; all four at once run in every
+precision; bad settings are one line naming the key, and a tiny run trains with the geometry callback recording block
+0. Under every variant and with every encoding (tests/test_encoding_conformance.py): the two kernels agree, cached
+decoding gives the logits of a full pass, ``score_parts`` adds up to the logits, grouped-query attention is multi-head
+attention with the shared heads repeated.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from pe_geometry.model import (
     ALiBiPE,
     DecoderLM,
     EncoderDecoder,
-    EncoderMLM,
     ExplicitAttention,
     KVCache,
     LearnedPE,
@@ -32,12 +32,11 @@ from pe_geometry.model import (
     SDPAttention,
     XPosPE,
 )
-from pe_geometry.model.sampling import generate
 from pe_geometry.training.validate import ConfigError, check_config
-from tests.conftest import PE_TYPES, compose_train_config, fast_loop_covers
+from tests.conftest import compose_train_config
+from tests.loops import grid, named
 from tests.test_attention import build, live
 from tests.test_generate import incremental_logits
-from tests.test_position_attention import assert_score_parts_softmax_to_kept_weights
 
 D, H, DH = 32, 4, 8  # the test models' width, heads and head size (tests/test_attention.py's build)
 KERNELS = (ExplicitAttention, SDPAttention)
@@ -72,56 +71,17 @@ def output(attn, z: torch.Tensor) -> torch.Tensor:  # (B, H, T, DH) -> (B, T, D)
 
 
 # -- grouped-query / multi-query attention ------------------------------------------------------------------------------
-@pytest.mark.parametrize("n_kv_heads", [1, 2])
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_grouped_query_attention_is_torch_sdpa_with_enable_gqa(kernel, causal, n_kv_heads):
-    torch.manual_seed(0)
-    attn = kernel(D, H, NoPE(D, H), n_kv_heads=n_kv_heads)
-    assert attn.kv.weight.shape == (2 * n_kv_heads * DH, D)  # only the shared heads are projected
-    x = torch.randn(2, 9, D)
-    with torch.no_grad():
-        q, k, v = projections(attn, x)
-        expected = output(attn, F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True))
-        torch.testing.assert_close(attn(x, causal=causal), expected, atol=1e-6, rtol=1e-5)
-
-
-def repeated_heads(gqa) -> torch.nn.Module:
-    """Plain multi-head attention with the grouped one's weights, each shared key/value head copied to its query heads."""
-    groups = gqa.n_heads // gqa.n_kv_heads
-    mha = type(gqa)(D, H, gqa.pe)
-
-    def per_query_head(t: torch.Tensor) -> torch.Tensor:  # (n_kv * DH, ...) -> (H * DH, ...)
-        return t.view(gqa.n_kv_heads, DH, *t.shape[1:]).repeat_interleave(groups, dim=0).reshape(H * DH, *t.shape[1:])
-
-    n = gqa.n_kv_heads * DH
-    with torch.no_grad():
-        for name in ("q", "o"):
-            getattr(mha, name).load_state_dict(getattr(gqa, name).state_dict())
-        for ours, shared in ((mha.kv.weight, gqa.kv.weight), (mha.kv.bias, gqa.kv.bias)):
-            ours.copy_(torch.cat([per_query_head(shared[:n]), per_query_head(shared[n:])]))
-    return mha
-
-
-@pytest.mark.parametrize("pe", ["rope", "alibi", "cope"])
-@pytest.mark.parametrize("n_kv_heads", [1, 2])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_grouped_query_attention_is_multi_head_attention_with_the_shared_heads_repeated(kernel, n_kv_heads, pe):
-    from tests.test_attention import pe_factory
-
-    torch.manual_seed(0)
-    encoding = pe_factory(pe)(d_model=D, n_heads=H)
-    encoding.causal = True
-    with torch.no_grad():
-        for p in encoding.parameters():  # CoPE's table starts at zero: make its term count
-            p.add_(torch.randn_like(p) * 0.5)
-    gqa = kernel(D, H, encoding, n_kv_heads=n_kv_heads)
-    mha = repeated_heads(gqa)
-    x = torch.randn(2, 11, D)
-    with torch.no_grad():
-        torch.testing.assert_close(gqa(x, causal=True), mha(x, causal=True), atol=1e-5, rtol=1e-5)
-        for view in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):  # per query head, as TransformerLens
-            torch.testing.assert_close(getattr(gqa, view), getattr(mha, view))
+def test_grouped_query_attention_is_torch_sdpa_with_enable_gqa():
+    for kernel, causal, n_kv_heads in grid(KERNELS, (True, False), (1, 2)):
+        with named(kernel.__name__, causal, n_kv_heads):
+            torch.manual_seed(0)
+            attn = kernel(D, H, NoPE(D, H), n_kv_heads=n_kv_heads)
+            assert attn.kv.weight.shape == (2 * n_kv_heads * DH, D)  # only the shared heads are projected
+            x = torch.randn(2, 9, D)
+            with torch.no_grad():
+                q, k, v = projections(attn, x)
+                expected = output(attn, F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True))
+                torch.testing.assert_close(attn(x, causal=causal), expected, atol=1e-6, rtol=1e-5)
 
 
 def test_the_cache_keeps_only_the_shared_heads():
@@ -151,28 +111,28 @@ def test_the_first_layer_split_of_grouped_query_attention_sums_to_its_scores():
 
 
 # -- QK-norm ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("pe", ["none", "rope", "xpos"])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_qk_norm_is_x_transformers_qk_norm_attention_with_copied_weights(kernel, pe):
+def test_qk_norm_is_x_transformers_qk_norm_attention_with_copied_weights():
     """l2-normalised q and k times a temperature of 10, the positional rotation after the norm (xPos's decay then
     survives the norm, which it would not if the norm came after the rotation)."""
-    x_transformers = pytest.importorskip("x_transformers.x_transformers")
-    torch.manual_seed(0)
-    T = 12
-    encoding = {"none": NoPE(D, H), "rope": RotaryPE(D, H), "xpos": XPosPE(D, H, scale_base=8.0, training_length=64)}[pe]
-    ours = kernel(D, H, encoding, qk_norm=True)
-    ref = x_transformers.Attention(dim=D, heads=H, dim_head=DH, causal=True, qk_norm=True, qk_norm_scale=10)
-    rotary = {} if pe == "none" else {"rotary_pos_emb": x_transformers.RotaryEmbedding(
-        DH, **({"use_xpos": True, "scale_base": 8} if pe == "xpos" else {})).forward_from_seq_len(T)}
-    x = torch.randn(2, T, D)
-    with torch.no_grad():
-        for bias in (ours.q.bias, ours.kv.bias, ours.o.bias):
-            bias.zero_()  # x-transformers' projections have none
-        ref.to_q.weight.copy_(ours.q.weight)
-        ref.to_k.weight.copy_(ours.kv.weight[:D])
-        ref.to_v.weight.copy_(ours.kv.weight[D:])
-        ref.to_out.weight.copy_(ours.o.weight)
-        torch.testing.assert_close(ours(x, causal=True), ref(x, **rotary), atol=1e-5, rtol=1e-5)
+    for kernel, pe in grid(KERNELS, ("none", "rope", "xpos")):
+        with named(kernel.__name__, pe):
+            x_transformers = pytest.importorskip("x_transformers.x_transformers")
+            torch.manual_seed(0)
+            T = 12
+            encoding = {"none": NoPE(D, H), "rope": RotaryPE(D, H), "xpos": XPosPE(D, H, scale_base=8.0, training_length=64)}[pe]
+            ours = kernel(D, H, encoding, qk_norm=True)
+            ref = x_transformers.Attention(dim=D, heads=H, dim_head=DH, causal=True, qk_norm=True, qk_norm_scale=10)
+            rotary = {} if pe == "none" else {"rotary_pos_emb": x_transformers.RotaryEmbedding(
+                DH, **({"use_xpos": True, "scale_base": 8} if pe == "xpos" else {})).forward_from_seq_len(T)}
+            x = torch.randn(2, T, D)
+            with torch.no_grad():
+                for bias in (ours.q.bias, ours.kv.bias, ours.o.bias):
+                    bias.zero_()  # x-transformers' projections have none
+                ref.to_q.weight.copy_(ours.q.weight)
+                ref.to_k.weight.copy_(ours.kv.weight[:D])
+                ref.to_v.weight.copy_(ours.kv.weight[D:])
+                ref.to_out.weight.copy_(ours.o.weight)
+                torch.testing.assert_close(ours(x, causal=True), ref(x, **rotary), atol=1e-5, rtol=1e-5)
 
 
 def test_qk_norm_logits_are_the_learned_temperature_times_the_cosine():
@@ -198,22 +158,21 @@ def band(T: int, window: int, causal: bool) -> torch.Tensor:
     return torch.tensor([[(0 <= i - j < window) if causal else abs(i - j) < window for j in range(T)] for i in range(T)])
 
 
-@pytest.mark.parametrize("pe", ["none", "alibi"])
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_a_window_is_the_hand_built_band_mask(kernel, causal, pe):
-    torch.manual_seed(0)
-    T, window = 12, 4
-    attn = kernel(D, H, ALiBiPE(D, H) if pe == "alibi" else NoPE(D, H), window=window)
-    x = torch.randn(2, T, D)
-    with torch.no_grad():
-        q, k, v = projections(attn, x)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(DH)
-        if pe == "alibi":
-            scores = scores + attn.pe.score_bias(T, T)
-        weights = scores.masked_fill(~band(T, window, causal), float("-inf")).softmax(dim=-1)
-        torch.testing.assert_close(attn(x, causal=causal), output(attn, weights @ v), atol=1e-6, rtol=1e-5)
-    assert attn.visible_keys_mask(T, causal).equal(band(T, window, causal))
+def test_a_window_is_the_hand_built_band_mask():
+    for kernel, causal, pe in grid(KERNELS, (True, False), ("none", "alibi")):
+        with named(kernel.__name__, causal, pe):
+            torch.manual_seed(0)
+            T, window = 12, 4
+            attn = kernel(D, H, ALiBiPE(D, H) if pe == "alibi" else NoPE(D, H), window=window)
+            x = torch.randn(2, T, D)
+            with torch.no_grad():
+                q, k, v = projections(attn, x)
+                scores = q @ k.transpose(-2, -1) / math.sqrt(DH)
+                if pe == "alibi":
+                    scores = scores + attn.pe.score_bias(T, T)
+                weights = scores.masked_fill(~band(T, window, causal), float("-inf")).softmax(dim=-1)
+                torch.testing.assert_close(attn(x, causal=causal), output(attn, weights @ v), atol=1e-6, rtol=1e-5)
+            assert attn.visible_keys_mask(T, causal).equal(band(T, window, causal))
 
 
 def test_a_one_layer_windowed_decoder_never_reads_past_its_window():
@@ -249,29 +208,28 @@ def test_the_analysis_masks_respect_the_window():
 
 
 # -- log-length scaling -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("pe", ["none", "alibi"])
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_logn_scaling_multiplies_each_querys_logits_by_the_formula(kernel, causal, pe):
+def test_logn_scaling_multiplies_each_querys_logits_by_the_formula():
     """logits x max(1, log n / log L): n = the query's position + 1 when causal, the sequence length when not."""
-    torch.manual_seed(0)
-    T, L = 12, 4
-    attn = kernel(D, H, ALiBiPE(D, H) if pe == "alibi" else NoPE(D, H), logn_scaling=True, training_length=L)
-    x = torch.randn(2, T, D)
-    n = torch.arange(1, T + 1).double() if causal else torch.full((T,), float(T))
-    factor = torch.clamp(n.log() / math.log(L), min=1).float()[:, None]  # (T, 1)
-    with torch.no_grad():
-        q, k, v = projections(attn, x)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(DH)
-        if pe == "alibi":
-            scores = scores + attn.pe.score_bias(T, T)
-        scores = scores * factor
-        if causal:
-            scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        torch.testing.assert_close(attn(x, causal=causal), output(attn, scores.softmax(dim=-1) @ v), atol=1e-6, rtol=1e-5)
-        within = attn(x[:, :L], causal=causal)  # within the training length: no change at all
-        attn.logn_scaling = False
-        assert torch.equal(within, attn(x[:, :L], causal=causal))
+    for kernel, causal, pe in grid(KERNELS, (True, False), ("none", "alibi")):
+        with named(kernel.__name__, causal, pe):
+            torch.manual_seed(0)
+            T, L = 12, 4
+            attn = kernel(D, H, ALiBiPE(D, H) if pe == "alibi" else NoPE(D, H), logn_scaling=True, training_length=L)
+            x = torch.randn(2, T, D)
+            n = torch.arange(1, T + 1).double() if causal else torch.full((T,), float(T))
+            factor = torch.clamp(n.log() / math.log(L), min=1).float()[:, None]  # (T, 1)
+            with torch.no_grad():
+                q, k, v = projections(attn, x)
+                scores = q @ k.transpose(-2, -1) / math.sqrt(DH)
+                if pe == "alibi":
+                    scores = scores + attn.pe.score_bias(T, T)
+                scores = scores * factor
+                if causal:
+                    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+                torch.testing.assert_close(attn(x, causal=causal), output(attn, scores.softmax(dim=-1) @ v), atol=1e-6, rtol=1e-5)
+                within = attn(x[:, :L], causal=causal)  # within the training length: no change at all
+                attn.logn_scaling = False
+                assert torch.equal(within, attn(x[:, :L], causal=causal))
 
 
 def test_cached_logn_scaling_counts_from_the_caches_start():
@@ -286,76 +244,32 @@ def test_cached_logn_scaling_counts_from_the_caches_start():
         torch.testing.assert_close(attn(x[:, 9:], causal=True, cache=cache), attn(x, causal=True)[:, 9:])
 
 
-# -- every variant: the kernels agree, the cache is exact, score_parts adds up -----------------------------------------
-def same_weights(model_cls, pe: str, name: str):
-    explicit = live(build(model_cls, pe, variant(ExplicitAttention, name)))
-    fused = build(model_cls, pe, variant(SDPAttention, name))
-    fused.load_state_dict(explicit.state_dict())
-    return explicit.eval(), fused.eval()
-
-
-@pytest.mark.parametrize("name,pe", fast_loop_covers(list(VARIANTS), PE_TYPES))
-def test_both_kernels_give_the_same_outputs_in_every_model(name, pe):
-    idx = torch.randint(50, (3, 20), generator=torch.Generator().manual_seed(0))
-    for model_cls in (DecoderLM, EncoderMLM, EncoderDecoder):
-        explicit, fused = same_weights(model_cls, pe, name)
-        with torch.no_grad():
-            args = (idx[:, :8], idx[:, 8:]) if model_cls is EncoderDecoder else (idx,)
-            assert (explicit(*args) - fused(*args)).abs().max().item() <= 1e-5, model_cls.__name__
-
-
-@pytest.mark.parametrize("name,pe", fast_loop_covers(list(VARIANTS), PE_TYPES))
-def test_cached_decoding_gives_the_logits_of_a_full_pass(name, pe):
-    idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
-    for model_cls in (DecoderLM, EncoderDecoder):
-        for model in same_weights(model_cls, pe, name):
-            src = idx[:, :7] if model_cls is EncoderDecoder else None
+# -- all four at once in every precision; each changes the logits --------------------------------------------------------
+def test_every_precision_runs_with_every_variant_and_agrees_with_float32():
+    for kernel, dtype in grid(KERNELS, (torch.bfloat16, torch.float16, torch.float64)):
+        with named(kernel.__name__, dtype):
+            model = live(build(DecoderLM, "rope", variant(kernel, "all"))).eval()
+            idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
             with torch.no_grad():
-                full = model(idx) if src is None else model(src, idx)
-                assert (incremental_logits(model, idx, src) - full).abs().max().item() <= 1e-5, model_cls.__name__
+                reference = model(idx)
+                low = model.to(dtype)(idx)
+                cached = incremental_logits(model, idx, None)
+            assert low.dtype == cached.dtype == dtype and torch.isfinite(low).all()
+            tolerance = 1e-4 if dtype == torch.float64 else 0.02  # logits up to ~0.7; bf16 is off by ~0.003
+            assert (low.double() - reference.double()).abs().max().item() < tolerance
+            assert (cached.double() - reference.double()).abs().max().item() < tolerance
 
 
-@pytest.mark.parametrize("pe", ["rope", "alibi", "cope"])
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
-def test_greedy_text_is_the_same_with_and_without_the_cache_with_every_variant_at_once(model_cls, pe):
-    model = live(build(model_cls, pe, variant(SDPAttention, "all"))).eval()
-    prompt = torch.randint(50, (2, 6), generator=torch.Generator().manual_seed(2))
-    assert torch.equal(generate(model, prompt, 24, temperature=0), generate(model, prompt, 24, temperature=0, use_cache=False))
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_every_precision_runs_with_every_variant_and_agrees_with_float32(kernel, dtype):
-    model = live(build(DecoderLM, "rope", variant(kernel, "all"))).eval()
-    idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        reference = model(idx)
-        low = model.to(dtype)(idx)
-        cached = incremental_logits(model, idx, None)
-    assert low.dtype == cached.dtype == dtype and torch.isfinite(low).all()
-    tolerance = 1e-4 if dtype == torch.float64 else 0.02  # logits up to ~0.7; bf16 is off by ~0.003
-    assert (low.double() - reference.double()).abs().max().item() < tolerance
-    assert (cached.double() - reference.double()).abs().max().item() < tolerance
-
-
-@pytest.mark.parametrize("name", ["window", "logn", "qk_norm"])
-def test_each_variant_changes_the_logits(name):
+def test_each_variant_changes_the_logits():
     """The tests above would pass vacuously if a variant did nothing: with the same weights it changes the output."""
-    plain = build(DecoderLM, "rope", ExplicitAttention).eval()
-    changed = build(DecoderLM, "rope", variant(ExplicitAttention, name)).eval()
-    changed.load_state_dict(plain.state_dict(), strict=False)  # qk_norm's temperature is its own
-    idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (plain(idx) - changed(idx)).abs().max().item() > 1e-5  # well above the kernels' 1e-7 disagreement
-
-
-@pytest.mark.parametrize("pe", ["rope", "alibi", "cope", "xpos"])
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_score_parts_are_the_logits_the_attention_softmaxes(name, pe):
-    """content + position, masked with the layer's visible keys, softmax to the explicit path's kept weights."""
-    idx = torch.randint(2, 50, (3, 16), generator=torch.Generator().manual_seed(0))
-    for model_cls in (DecoderLM, EncoderMLM):
-        assert_score_parts_softmax_to_kept_weights(live(build(model_cls, pe, variant(ExplicitAttention, name))).eval(), idx)
+    for name in ("window", "logn", "qk_norm"):
+        with named(name):
+            plain = build(DecoderLM, "rope", ExplicitAttention).eval()
+            changed = build(DecoderLM, "rope", variant(ExplicitAttention, name)).eval()
+            changed.load_state_dict(plain.state_dict(), strict=False)  # qk_norm's temperature is its own
+            idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(3))
+            with torch.no_grad():
+                assert (plain(idx) - changed(idx)).abs().max().item() > 1e-5  # well above the kernels' 1e-7 disagreement
 
 
 # -- the config: keys from the command line, one error line for what cannot work ----------------------------------------
