@@ -190,3 +190,18 @@ def test_the_settings_offer_the_measures_the_recorder_has():
     from pe_geometry.settings.training import MEASURES as OFFERED
 
     assert OFFERED == MEASURES and tuple(GeometryCallback().measures) == MEASURES
+
+
+def test_a_resumed_run_summarises_from_step_0(tmp_path, tiny_corpus, cache_dir):
+    """The records travel in the checkpoint: after a resume the summary's start is the initialisation (step 0), not
+    the step the run resumed at (issue 53 item 6)."""
+    args = [*CADENCE, "callbacks.checkpoint.every_n_train_steps=2"]
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*args, "trainer.max_steps=4"]))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, [*args, "trainer.max_steps=6", f"ckpt_path={last}"]))
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    saved = next(state for key, state in checkpoint["callbacks"].items() if key.startswith("GeometryCallback"))
+    assert sorted(saved["records"]) == [0, 2, 4, 6]  # the first segment's records, and the resumed one's
+    callback = GeometryCallback()
+    callback.load_state_dict(saved)
+    assert "step 0:" in callback.summary_lines()[0] and "step 6:" in callback.summary_lines()[0]

@@ -150,6 +150,15 @@ class GeometryCallback(L.Callback):
                       null_draws=self.null_draws, position_probe_permutations=self.probe_permutations,
                       chunk_tokens=self.chunk_tokens, attention_null_draws=self.attention_null_draws)
 
+    # -- a resumed run keeps its whole record --------------------------------------------
+    # The records travel in each checkpoint (Lightning saves a callback's state_dict there), so a resumed run's summary
+    # reads its start from step 0, not from the step it resumed at (a few dozen floats per record).
+    def state_dict(self) -> dict[str, Any]:
+        return {"records": {int(step): dict(metrics) for step, metrics in self.records.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.records = {int(step): dict(metrics) for step, metrics in state_dict.get("records", {}).items()}
+
     # -- the end of the run -------------------------------------------------------------
     def summary_lines(self) -> list[str]:
         """The headline figures at initialisation and at the end, beside chance and null (training.summary)."""
