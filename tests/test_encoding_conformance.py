@@ -155,11 +155,11 @@ CASES = [
     Case("xpos", {"rotary_fraction": 0.25, "partial_rotary": "p_rope"}),
     Case("fire", seq_len=8, name="fire:init_threshold=8"),  # queries past L normalised by their own position
     Case("forgetting", {"rotary": True}),  # FoX with RoPE
-    Case("rope", pattern=ROPE_NOPE, n_layers=4, name="rope:layers=rope_nope"),
+    Case("rope", pattern=ROPE_NOPE, n_layers=6, name="rope:layers=rope_nope"),  # 6 layers: the pattern cycles
     Case("rope", pattern=LOCAL_GLOBAL, n_layers=6, name="rope:layers=local_global"),  # a window and a base per layer
     Case("alibi", pattern=[{"window": 4}, {}], name="alibi:layers=window_global"),
     Case("t5_bias", pattern=[{}, {"pe": "none"}], name="t5_bias:layers=t5_nope"),
-    Case("forgetting", pattern=[{"window": 4}, {"pe": "none"}, {}], n_layers=3, name="forgetting:layers=window_nope_fox"),
+    Case("forgetting", pattern=[{"window": 4}, {"pe": "none"}, {}], n_layers=4, name="forgetting:layers=window_nope_fox"),
 ]
 IDS = [case.id for case in CASES]
 assert len(set(IDS)) == len(IDS), "two cases with one id"

@@ -1,6 +1,8 @@
 """model.layer_pattern: a position scheme per layer (RoPE on three layers of four and NoPE on the fourth, as SmolLM3
 and Llama 4; five windowed layers to one global with a RoPE base each, as Gemma 3), in every model and both kernels,
-with an exact KV cache, refused in one line where it cannot work, and named per layer by the analysis."""
+refused in one line where it cannot work, and named per layer by the analysis. That both kernels agree and the KV
+cache is exact (a windowed layer's cache keeps its window, a global one every key) under each pattern:
+tests/test_encoding_conformance.py (its ``layers=`` cases)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,12 @@ import pytest
 import torch
 
 from pe_geometry.analysis.position_attention import position_attention_report
-from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, NoPE, RotaryPE, SDPAttention
-from pe_geometry.model.sampling import generate
+from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, NoPE, RotaryPE, SDPAttention
 from pe_geometry.model.transformer import layer_schemes
 from pe_geometry.training.validate import ConfigError, check_config
 from tests.conftest import compose_train_config
+from tests.loops import named
 from tests.test_attention import pe_factory
-from tests.test_generate import incremental_logits
 
 ROPE_NOPE = [{}, {}, {}, {"pe": "none"}]
 LOCAL_GLOBAL = [*[{"window": 4, "pe": {"base": 10000.0}}] * 5, {"window": None, "pe": {"base": 1e6}}]
@@ -42,35 +43,23 @@ def test_the_pattern_is_cycled_over_the_layers():
     assert layer_schemes(None, 3) is None
 
 
-@pytest.mark.parametrize("pattern, message", [
-    ([], r"model.layer_pattern=\[\] must be a non-empty list"),
-    ([{"windw": 3}], r"model.layer_pattern\[0\] has unknown key\(s\) \['windw'\]; valid: \['pe', 'window'\]"),
-    ([{}, {"pe": "nope"}], r"model.layer_pattern\[1\].pe='nope' must be 'none'"),
-    ([{"window": 0}], r"model.layer_pattern\[0\].window=0 must be an integer >= 1"),
-    ([3], r"model.layer_pattern\[0\]=3 must be a mapping"),
-    ([{}] * 5, r"model.layer_pattern has 5 entries and model.n_layers=4: entries 4..4 would build no layer"),
-])
-def test_a_bad_entry_is_one_line_naming_it(pattern, message):
-    with pytest.raises(ValueError, match=message):
-        layer_schemes(pattern, 4)
-
-
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM, EncoderDecoder])
-def test_rope_on_three_layers_and_nope_on_the_fourth(model_cls):
+def test_rope_on_three_layers_and_nope_on_the_fourth():
     """Each layer's attention holds its encoding: the stack's RoPE (one module, shared) or NoPE; the output equals a
     plain RoPE model whose fourth layer has its encoding swapped for NoPE by hand (same weights)."""
-    model = build(model_cls, "rope", ROPE_NOPE).eval()
-    stack = model.input_stack
-    pes = [block.attn.pe for block in stack.blocks]
-    assert all(pe is stack.pe for pe in pes[:3]) and isinstance(pes[3], NoPE) and isinstance(stack.pe, RotaryPE)
-    by_hand = build(model_cls, "rope", None).eval()
-    by_hand.load_state_dict(model.state_dict(), strict=False)
-    for stack_by_hand in (m for m in by_hand.modules() if type(m).__name__ == "Stack"):
-        stack_by_hand.blocks[3].attn.pe = NoPE(32, 4)
-    assert torch.allclose(logits(model, IDX), logits(by_hand, IDX), atol=1e-6)
-    assert (logits(model, IDX) - logits(build(model_cls, "rope", None).eval(), IDX)).abs().max() > 1e-5  # NoPE did act
-    shared = build(model_cls, "rope", ROPE_NOPE, n_layers=8).input_stack.blocks
-    assert shared[3].attn.pe is shared[7].attn.pe and len(shared[0].attn.pe.state_dict()) == 0
+    for model_cls in (DecoderLM, EncoderMLM, EncoderDecoder):
+        with named(model_cls.__name__):
+            model = build(model_cls, "rope", ROPE_NOPE).eval()
+            stack = model.input_stack
+            pes = [block.attn.pe for block in stack.blocks]
+            assert all(pe is stack.pe for pe in pes[:3]) and isinstance(pes[3], NoPE) and isinstance(stack.pe, RotaryPE)
+            by_hand = build(model_cls, "rope", None).eval()
+            by_hand.load_state_dict(model.state_dict(), strict=False)
+            for stack_by_hand in (m for m in by_hand.modules() if type(m).__name__ == "Stack"):
+                stack_by_hand.blocks[3].attn.pe = NoPE(32, 4)
+            assert torch.allclose(logits(model, IDX), logits(by_hand, IDX), atol=1e-6)
+            assert (logits(model, IDX) - logits(build(model_cls, "rope", None).eval(), IDX)).abs().max() > 1e-5  # NoPE did act
+            shared = build(model_cls, "rope", ROPE_NOPE, n_layers=8).input_stack.blocks
+            assert shared[3].attn.pe is shared[7].attn.pe and len(shared[0].attn.pe.state_dict()) == 0
 
 
 def test_local_and_global_layers_each_with_its_window_and_base():
@@ -88,37 +77,6 @@ def test_local_and_global_layers_each_with_its_window_and_base():
     assert torch.allclose(logits(model, IDX), logits(by_hand, IDX), atol=1e-6)
     labels = model.input_stack.layer_labels("rope")
     assert labels[0] == "rope (base 10000), window 4" and labels[5] == "rope (base 1e+06), window all"
-
-
-@pytest.mark.parametrize("pattern", [ROPE_NOPE, LOCAL_GLOBAL], ids=["rope_nope", "local_global"])
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM, EncoderDecoder])
-def test_both_kernels_give_the_same_logits(model_cls, pattern):
-    explicit = build(model_cls, "rope", pattern, ExplicitAttention, n_layers=6).eval()
-    fused = build(model_cls, "rope", pattern, SDPAttention, n_layers=6).eval()
-    fused.load_state_dict(explicit.state_dict())
-    assert (logits(explicit, IDX) - logits(fused, IDX)).abs().max().item() <= 1e-5
-
-
-@pytest.mark.parametrize("pe, pattern", [
-    ("rope", ROPE_NOPE), ("rope", LOCAL_GLOBAL), ("alibi", [{"window": 4}, {}]), ("t5_bias", [{}, {"pe": "none"}]),
-    ("forgetting", [{"window": 4}, {"pe": "none"}, {}]),
-])
-@pytest.mark.parametrize("attention", [ExplicitAttention, SDPAttention])
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderDecoder])
-def test_cached_decoding_gives_the_logits_of_a_full_pass(model_cls, attention, pe, pattern):
-    """A windowed layer's cache keeps only its window, a global layer's every key: each step equals the full pass."""
-    if model_cls is EncoderDecoder and pe == "forgetting":
-        pytest.skip("pe=forgetting is causal only (its refusal: tests/test_forgetting.py)")
-    model = build(model_cls, pe, pattern, attention, n_layers=6).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # every weight away from its init (T5's table starts near zero)
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.1)
-        src = IDX[:, :6] if model_cls is EncoderDecoder else None
-        assert (incremental_logits(model, IDX, src) - logits(model, IDX)).abs().max().item() <= 1e-5
-    if model_cls is DecoderLM:
-        prompt = IDX[:, :5]
-        assert torch.equal(generate(model, prompt, 16, temperature=0), generate(model, prompt, 16, temperature=0,
-                                                                             use_cache=False))
 
 
 def test_an_input_level_encoding_takes_no_per_layer_encoding():
