@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from pe_geometry.files import atomic_write_bytes, storage_errors, write_all
+from pe_geometry.files import atomic_write_bytes, storage_errors, temp_beside, write_all
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def atomic_write_tokens(path: Path, chunks: Iterable[np.ndarray], dtype: np.dtyp
     digest, n_tokens = hashlib.sha256(), 0
     with storage_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = temp_beside(path)  # the umask's mode: a shared cache is readable by the team
     try:
         try:
             header = _npy_header(dtype, 0)
