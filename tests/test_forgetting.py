@@ -2,9 +2,10 @@
 
 What it promises: O = softmax(QK^T / sqrt(d_head) + D) V with D_ij = sum_{l=j+1}^{i} log f_l under the causal mask, f
 read per layer, head and token from the layer's input; a gate at 1 is NoPE, a gate fixed at f is ALiBi with slope
--log f, and with ``rotary=true`` a gate at 1 is RoPE; both kernels agree; a cached step's bias is the full pass's; every
-layer has its own gate, which training reaches; a bidirectional stack and randomised positions are refused in one
-line; the analysis reads the gate bias as the family's score bias.
+-log f, and with ``rotary=true`` a gate at 1 is RoPE; the cache keeps each layer's gates beside its keys; every layer has
+its own gate, which training reaches; a bidirectional stack and randomised positions are refused in one line; the
+analysis reads the gate bias as the family's score bias. That both kernels agree and a cached step's bias is the full
+pass's (with and without RoPE, under every attention variant, in a layer pattern): tests/test_encoding_conformance.py.
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ from pe_geometry.model import (
     SDPAttention,
 )
 from pe_geometry.model.forgetting import CAUSAL_ONLY, ForgetGate
-from pe_geometry.model.sampling import Decoding, generate
 from pe_geometry.model.transformer import record_attention
 from pe_geometry.training.optimizer import weight_decay_groups
 from pe_geometry.training.validate import ConfigError, check_config
 from tests import forkserver
 from tests.conftest import ROOT, compose_train_config, tiny_train_config
-from tests.test_generate import incremental_logits
+from tests.loops import grid, named
 
 KERNELS = [ExplicitAttention, SDPAttention]
 VARIANTS = {"plain": {}, "grouped": {"n_kv_heads": 2},  # grouped: a decoding step folds the bias with the query heads
@@ -116,17 +116,17 @@ def fox_by_hand(attn, x: torch.Tensor, rope_base: float | None = None) -> torch.
     return heads @ attn.o.weight.double().T + attn.o.bias.double()
 
 
-@pytest.mark.parametrize("rotary", [False, True])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_a_layer_is_the_papers_formula_written_out_with_loops(kernel, rotary):
-    torch.manual_seed(0)
-    attn = kernel(16, 2, ForgettingPE(16, 2, rotary=rotary, base=100.0)).eval()
-    with torch.no_grad():
-        attn.pe_layer.weight.normal_(0.0, 0.5)
-        attn.pe_layer.bias.copy_(torch.tensor([0.5, 2.0]))
-        x = torch.randn(2, 7, 16)
-        torch.testing.assert_close(attn(x, causal=True).double(), fox_by_hand(attn, x, 100.0 if rotary else None),
-                                   atol=1e-5, rtol=1e-5)
+def test_a_layer_is_the_papers_formula_written_out_with_loops():
+    for kernel, rotary in grid(KERNELS, (False, True)):
+        with named(kernel.__name__, rotary):
+            torch.manual_seed(0)
+            attn = kernel(16, 2, ForgettingPE(16, 2, rotary=rotary, base=100.0)).eval()
+            with torch.no_grad():
+                attn.pe_layer.weight.normal_(0.0, 0.5)
+                attn.pe_layer.bias.copy_(torch.tensor([0.5, 2.0]))
+                x = torch.randn(2, 7, 16)
+                torch.testing.assert_close(attn(x, causal=True).double(), fox_by_hand(attn, x, 100.0 if rotary else None),
+                                           atol=1e-5, rtol=1e-5)
 
 
 def test_the_gate_is_the_layers_input_read_by_a_sigmoid():
@@ -140,86 +140,59 @@ def test_the_gate_is_the_layers_input_read_by_a_sigmoid():
 
 
 # -- planted gates: NoPE, ALiBi, RoPE ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_a_gate_at_one_is_causal_attention_without_position(kernel):
-    model = fixed_gates(fox(kernel), torch.full((4,), 1e4))  # log sigmoid(1e4) = 0: D = 0
-    nope = same_weights(model, DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=NoPE, attention=kernel))
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens()), nope(tokens()), atol=1e-5, rtol=1e-5)
+def test_a_gate_at_one_is_causal_attention_without_position():
+    for kernel in KERNELS:
+        with named(kernel.__name__):
+            model = fixed_gates(fox(kernel), torch.full((4,), 1e4))  # log sigmoid(1e4) = 0: D = 0
+            nope = same_weights(model, DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=NoPE, attention=kernel))
+            with torch.no_grad():
+                torch.testing.assert_close(model(tokens()), nope(tokens()), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_a_gate_fixed_at_f_is_alibi_with_slope_minus_log_f(kernel):
-    f = torch.tensor([0.5, 0.8, 0.95, 0.99])
-    model = fixed_gates(fox(kernel), torch.log(f / (1 - f)))
-    alibi = same_weights(model, DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=ALiBiPE, attention=kernel))
-    alibi.decoder.pe.slopes = -torch.log(f)
-    idx = tokens(T=16)
-    with torch.no_grad():
-        torch.testing.assert_close(model(idx), alibi(idx), atol=1e-5, rtol=1e-5)
-        with record_attention(model, points=("score_bias",)) as record:
-            model(idx)
-    i = torch.arange(16.0)
-    planted = (i[:, None] - i[None, :]) * torch.log(f)[:, None, None]  # (H, T, T): (i - j) log f
-    causal = torch.ones(16, 16, dtype=torch.bool).tril()
-    recorded = record[0]["score_bias"]  # (B, H, T, T)
-    torch.testing.assert_close(recorded[..., causal], planted[:, causal].expand_as(recorded[..., causal]), atol=1e-5, rtol=1e-5)
+def test_a_gate_fixed_at_f_is_alibi_with_slope_minus_log_f():
+    for kernel in KERNELS:
+        with named(kernel.__name__):
+            f = torch.tensor([0.5, 0.8, 0.95, 0.99])
+            model = fixed_gates(fox(kernel), torch.log(f / (1 - f)))
+            alibi = same_weights(model, DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=ALiBiPE, attention=kernel))
+            alibi.decoder.pe.slopes = -torch.log(f)
+            idx = tokens(T=16)
+            with torch.no_grad():
+                torch.testing.assert_close(model(idx), alibi(idx), atol=1e-5, rtol=1e-5)
+                with record_attention(model, points=("score_bias",)) as record:
+                    model(idx)
+            i = torch.arange(16.0)
+            planted = (i[:, None] - i[None, :]) * torch.log(f)[:, None, None]  # (H, T, T): (i - j) log f
+            causal = torch.ones(16, 16, dtype=torch.bool).tril()
+            recorded = record[0]["score_bias"]  # (B, H, T, T)
+            torch.testing.assert_close(recorded[..., causal], planted[:, causal].expand_as(recorded[..., causal]), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_with_rotary_a_gate_at_one_is_rope(kernel):
-    model = fixed_gates(fox(kernel, rotary=True, base=500.0), torch.full((4,), 1e4))
-    rope = same_weights(model, DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2,
-                                         pe=partial(RotaryPE, base=500.0), attention=kernel))
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens()), rope(tokens()), atol=1e-5, rtol=1e-5)
+def test_with_rotary_a_gate_at_one_is_rope():
+    for kernel in KERNELS:
+        with named(kernel.__name__):
+            model = fixed_gates(fox(kernel, rotary=True, base=500.0), torch.full((4,), 1e4))
+            rope = same_weights(model, DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2,
+                                                 pe=partial(RotaryPE, base=500.0), attention=kernel))
+            with torch.no_grad():
+                torch.testing.assert_close(model(tokens()), rope(tokens()), atol=1e-5, rtol=1e-5)
 
 
 # -- both kernels, the KV cache ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("rotary", [False, True])
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_both_kernels_give_the_same_outputs(variant, rotary):
-    """The fused kernel gets the gate bias as SDPA's additive float mask (the causal / window mask folded in as -inf),
-    the explicit one adds it to its written-out scores."""
-    explicit = fox(partial(ExplicitAttention, **VARIANTS[variant]), rotary=rotary)
-    fused = fox(partial(SDPAttention, **VARIANTS[variant]), rotary=rotary)
-    fused.load_state_dict(explicit.state_dict())
-    with torch.no_grad():
-        assert (explicit(tokens()) - fused(tokens())).abs().max().item() <= 1e-5
-
-
-@pytest.mark.parametrize("rotary", [False, True])
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_cached_decoding_gives_the_logits_of_a_full_pass(kernel, variant, rotary):
-    """A 5-token prefill, single tokens, then a chunk: the cache keeps each layer's log gates beside its keys (a window
-    keeps the same last keys of both), so every step's bias is the full pass's rows."""
-    model = fox(partial(kernel, **VARIANTS[variant]), rotary=rotary)
+def test_the_cache_keeps_each_layers_log_gates_beside_its_keys():
+    """The cache keeps each layer's log gates as it keeps the keys: as many, of every query head (a window keeps the
+    same last keys of both; grouped heads fold the bias with the query heads). That every cached step's bias is then
+    the full pass's rows, with and without RoPE, under every attention variant and both kernels, and the windowed
+    generation: tests/test_encoding_conformance.py (``cached``, ``windowed``)."""
     idx = tokens()
-    with torch.no_grad():
-        full = model(idx)
-        assert (incremental_logits(model, idx, None) - full).abs().max().item() <= 1e-5
-    cache = KVCache()
-    with torch.no_grad():
-        model(idx, cache=cache)
-    for block in model.blocks:  # the gates are kept as the keys are: as many, of every query head
-        keys, _ = cache.get(block.attn)
-        gates = cache._buffers[(block.attn, "gates")]
-        assert gates[0].shape[:2] == (2, 4) and gates[-1] - gates[-2] == keys.shape[2]
-
-
-@pytest.mark.parametrize("rotary", [False, True])
-def test_greedy_and_windowed_generation_are_the_same_with_and_without_the_cache(rotary):
-    model = fox(rotary=rotary)
-    prompt = tokens(T=6)
-    assert torch.equal(generate(model, prompt, 24, temperature=0), generate(model, prompt, 24, temperature=0, use_cache=False))
-    decoding = Decoding(model, prompt[:, :3], context=8, use_cache=True)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for _ in range(20):  # before and after the window starts to slide
-            expected = model(decoding.tokens[:, -8:])[:, -1]
-            assert (decoding.logits() - expected).abs().max().item() <= 1e-5
-            decoding.append(torch.randint(50, (2, 1), generator=g))
+    for variant, settings in VARIANTS.items():
+        model, cache = fox(partial(SDPAttention, **settings)), KVCache()
+        with torch.no_grad():
+            model(idx, cache=cache)
+        for block in model.blocks:
+            keys, _ = cache.get(block.attn)
+            gates = cache._buffers[(block.attn, "gates")]
+            assert gates[0].shape[:2] == (2, 4) and gates[-1] - gates[-2] == keys.shape[2], variant
 
 
 # -- where the gates live ----------------------------------------------------------------------------------------------
@@ -255,13 +228,14 @@ def test_a_bidirectional_stack_is_refused_in_one_line(tmp_path):
     check_config(compose_train_config(["model=decoder", "pe=forgetting", "pe.rotary=true"], tmp_path))
 
 
-@pytest.mark.parametrize("rotary", ["false", "true"])
-def test_randomised_positions_are_refused_in_one_line(rotary, tmp_path):
-    cfg = compose_train_config(["pe=forgetting", f"pe.rotary={rotary}", "pe.randomize_positions=64"], tmp_path)
-    with pytest.raises(ConfigError, match=r"^pe=forgetting: pe.randomize_positions=64 draws position ids, and ForgettingPE "
-                                          r"has none \(its decay is counted in tokens by the forget gates, not read from "
-                                          r"position ids\); the families that take it: pe=sinusoidal, "):
-        check_config(cfg)
+def test_randomised_positions_are_refused_in_one_line(tmp_path):
+    for rotary in ("false", "true"):
+        with named(rotary):
+            cfg = compose_train_config(["pe=forgetting", f"pe.rotary={rotary}", "pe.randomize_positions=64"], tmp_path)
+            with pytest.raises(ConfigError, match=r"^pe=forgetting: pe.randomize_positions=64 draws position ids, and ForgettingPE "
+                                                  r"has none \(its decay is counted in tokens by the forget gates, not read from "
+                                                  r"position ids\); the families that take it: pe=sinusoidal, "):
+                check_config(cfg)
 
 
 def test_rotary_needs_an_even_head_dimension(tmp_path):
@@ -280,23 +254,24 @@ def test_the_cli_refuses_an_encoder_with_one_line_and_exit_code_2(tmp_path):
 
 
 # -- the analysis ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("rotary", [False, True])
-def test_the_analysis_reads_the_gate_bias_as_the_familys_score_bias(rotary):
+def test_the_analysis_reads_the_gate_bias_as_the_familys_score_bias():
     """The positional share and attention distance of every family read FoX's gate bias as its score bias: 0 with the
     gate at 1 (NoPE), ALiBi's figures with a gate fixed at f; with rotary=true the rotation null is drawn."""
-    idx = tokens(B=3, T=16)
-    with torch.no_grad():
-        report = pa.position_attention_report(fox(rotary=rotary), idx, n_draws=3)
-        assert all(math.isfinite(v) for v in report["positional_share"]) and ("null_mean" in report) == rotary
-        at_one = fixed_gates(fox(), torch.full((4,), 1e4))
-        assert pa.positional_share(at_one, idx).abs().max().item() == 0.0
-        f = torch.tensor([0.5, 0.8, 0.95, 0.99])
-        planted = fixed_gates(fox(), torch.log(f / (1 - f)))
-        alibi = same_weights(planted, DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=ALiBiPE))
-        alibi.decoder.pe.slopes = -torch.log(f)
-        torch.testing.assert_close(pa.positional_share(planted, idx), pa.positional_share(alibi, idx), atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(pa.mean_attention_distance(planted, idx)[0], pa.mean_attention_distance(alibi, idx)[0],
-                                   atol=1e-5, rtol=1e-5)
+    for rotary in (False, True):
+        with named(rotary):
+            idx = tokens(B=3, T=16)
+            with torch.no_grad():
+                report = pa.position_attention_report(fox(rotary=rotary), idx, n_draws=3)
+                assert all(math.isfinite(v) for v in report["positional_share"]) and ("null_mean" in report) == rotary
+                at_one = fixed_gates(fox(), torch.full((4,), 1e4))
+                assert pa.positional_share(at_one, idx).abs().max().item() == 0.0
+                f = torch.tensor([0.5, 0.8, 0.95, 0.99])
+                planted = fixed_gates(fox(), torch.log(f / (1 - f)))
+                alibi = same_weights(planted, DecoderLM(vocab_size=50, d_model=32, n_heads=4, n_layers=2, pe=ALiBiPE))
+                alibi.decoder.pe.slopes = -torch.log(f)
+                torch.testing.assert_close(pa.positional_share(planted, idx), pa.positional_share(alibi, idx), atol=1e-6, rtol=1e-5)
+                torch.testing.assert_close(pa.mean_attention_distance(planted, idx)[0], pa.mean_attention_distance(alibi, idx)[0],
+                                           atol=1e-5, rtol=1e-5)
 
 
 def test_a_tiny_run_with_rotary_trains_with_every_default_callback(tmp_path, tiny_corpus, cache_dir):
