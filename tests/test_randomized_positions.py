@@ -1,6 +1,8 @@
 """pe.randomize_positions (Ruoss et al. 2023): in training each sequence reads its tokens at a sorted random subset of
 [0, N); in evaluation and cached decoding at 0 .. T-1, exactly the plain model. Every family that reads position ids
-takes it, the drawn ids enter each formula where the plain ones did, NoPE and CoPE refuse it in one line."""
+takes it, the drawn ids enter each formula where the plain ones did, NoPE and CoPE refuse it in one line. For every
+encoding option (tests/test_encoding_conformance.py, ``randomized``): evaluation and cached decoding are the plain
+model, training is not, drawn ids 0 .. T-1 are the plain training pass, and a family without ids refuses it."""
 
 from __future__ import annotations
 
@@ -12,14 +14,11 @@ import torch
 from pe_geometry.analysis.runs import read_run_rows
 from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention, SDPAttention
 from pe_geometry.model.positional import RANDOMIZABLE_FAMILIES, alibi_slopes, random_positions, sinusoidal_table
-from pe_geometry.model.sampling import generate
 from pe_geometry.model.transformer import record_attention
-from pe_geometry.signatures import import_target
 from pe_geometry.training.pipeline import train
 from pe_geometry.training.validate import ConfigError, check_config
-from tests.conftest import CONFIG_DIR, PE_TYPES, compose_train_config, fast_loop_keeps
+from tests.conftest import PE_TYPES, compose_train_config, fast_loop_keeps
 from tests.test_attention import live, pe_factory
-from tests.test_generate import incremental_logits
 
 N = 96  # positions drawn from, in the tests' models (sequences of 20-24 tokens)
 REFUSING = ("cope", "forgetting", "none")
@@ -83,50 +82,9 @@ def test_positions_are_drawn_only_while_training_with_the_option():
 
 
 def test_the_families_that_take_it_are_those_whose_class_reads_position_ids():
-    def target(pe: str):
-        text = (CONFIG_DIR / "pe" / f"{pe}.yaml").read_text()
-        return import_target(next(line.split()[1] for line in text.splitlines() if line.startswith("_target_:")))
-
-    assert sorted(RANDOMIZABLE_FAMILIES) == sorted(p for p in PE_TYPES if target(p).takes_position_ids)
+    classes = {pe: type(pe_factory(pe)(d_model=32, n_heads=4)) for pe in PE_TYPES}  # each yaml's class
+    assert sorted(RANDOMIZABLE_FAMILIES) == sorted(pe for pe, cls in classes.items() if cls.Settings.takes_position_ids)
     assert sorted(set(PE_TYPES) - set(RANDOMIZABLE_FAMILIES)) == sorted(REFUSING)
-
-
-# -- evaluation: the plain model ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("attention", [ExplicitAttention, SDPAttention])
-@pytest.mark.parametrize("pe", RANDOMIZABLE_FAMILIES)
-def test_in_evaluation_the_model_is_exactly_the_plain_one_and_in_training_it_is_not(pe, attention):
-    randomized, plain = build(pe, attention=attention), build(pe, n=None, attention=attention)
-    assert randomized.state_dict().keys() == plain.state_dict().keys()
-    idx = torch.randint(50, (3, 24), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert torch.equal(randomized.eval()(idx), plain.eval()(idx))
-        randomized.train(), plain.train()
-        assert not torch.allclose(randomized(idx), plain(idx), atol=1e-4)
-
-
-@pytest.mark.parametrize("pe", RANDOMIZABLE_FAMILIES)
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM])
-def test_drawn_positions_that_happen_to_be_the_plain_ones_give_the_plain_training_forward(pe, model_cls, monkeypatch):
-    """The per-sequence path of every hook computes what the shared one does: ids 0 .. T-1 drawn give the same
-    logits (causal and bidirectional stacks)."""
-    randomized, plain = build(pe, model_cls=model_cls), build(pe, n=None, model_cls=model_cls)
-    monkeypatch.setattr(randomized.input_stack.pe, "draw_positions",
-                        lambda batch, length, device=None: torch.arange(length).expand(batch, length))
-    idx = torch.randint(50, (3, 24), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(randomized(idx), plain(idx), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("pe", RANDOMIZABLE_FAMILIES)
-def test_cached_generation_is_uncached_generation(pe):
-    """Generation runs in eval mode, with plain positions: the KV cache stays exact."""
-    model = build(pe).eval()
-    idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert (incremental_logits(model, idx, None) - model(idx)).abs().max().item() <= 1e-5
-    prompt = idx[:, :6]
-    assert torch.equal(generate(model, prompt, 14, temperature=0, use_cache=True),
-                       generate(model, prompt, 14, temperature=0, use_cache=False))
 
 
 # -- the drawn ids enter each formula ------------------------------------------------------------------------------------
@@ -230,12 +188,6 @@ def test_a_setting_that_cannot_work_is_one_line(overrides, message, tmp_path):
     with pytest.raises(ConfigError) as err:
         check_config(cfg)
     assert str(err.value) == message
-
-
-@pytest.mark.parametrize("pe", REFUSING)
-def test_the_refusing_families_refuse_it_when_built_directly_too(pe):
-    with pytest.raises(ValueError, match="^pe.randomize_positions=64 draws position ids"):
-        pe_factory(pe, randomize_positions=64)(d_model=32, n_heads=4)
 
 
 def test_off_by_default_and_zero_is_off(tmp_path):
