@@ -1,8 +1,9 @@
 """The relative PE families (T5 bias, xPos, FIRE, Kerple, CoPE) and RoPE's inference scalings against independent
 references: x-transformers with copied weights where it has the family, the paper's formula by hand elsewhere.
 
-Plus what each family promises beyond its formula: a cached step places its tokens where a full pass does, the
-settings that cannot work are refused and those that do not fit the run are warned about.
+Plus the settings that cannot work are refused and those that do not fit the run are warned about. What every family
+promises beyond its formula (a cached step places its tokens where a full pass does, every precision agrees, a scaling
+loads weights trained without it): tests/test_encoding_conformance.py.
 """
 
 from __future__ import annotations
@@ -14,15 +15,11 @@ from typing import get_args
 import pytest
 import torch
 
-from pe_geometry.model import CoPE, DecoderLM, FirePE, KerplePE, RotaryPE, T5BiasPE, XPosPE
+from pe_geometry.model import CoPE, FirePE, KerplePE, RotaryPE, T5BiasPE, XPosPE
 from pe_geometry.model.positional import ROPE_SCALINGS, t5_bucket, yarn_thresholds
-from pe_geometry.model.sampling import generate
-from tests.test_attention import live, pe_factory
+from tests.loops import named
 
 x_transformers = pytest.importorskip("x_transformers.x_transformers")
-
-NEW_FAMILIES = ["t5_bias", "xpos", "fire", "kerple", "cope"]
-
 
 def qk(H: int = 2, T: int = 12, d_head: int = 8, seed: int = 0, B: int = 2, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -30,27 +27,29 @@ def qk(H: int = 2, T: int = 12, d_head: int = 8, seed: int = 0, B: int = 2, scal
 
 
 # -- T5 bias: x-transformers' RelativePositionBias --------------------------------------------------------------------
-@pytest.mark.parametrize("causal", [True, False])
-def test_t5_buckets_are_x_transformers_buckets(causal):
-    relative = torch.arange(-400, 401)[None, :]
-    ours = t5_bucket(relative, causal, num_buckets=32, max_distance=128)
-    ref = x_transformers.RelativePositionBias._relative_position_bucket(relative, causal=causal, num_buckets=32, max_distance=128)
-    assert torch.equal(ours, ref)
-    assert ours.max() == 31 and len(ours.unique()) == (32 if causal else 31)  # bidirectional: bucket 16 (after, distance 0) unused
+def test_t5_buckets_are_x_transformers_buckets():
+    for causal in (True, False):
+        with named(causal):
+            relative = torch.arange(-400, 401)[None, :]
+            ours = t5_bucket(relative, causal, num_buckets=32, max_distance=128)
+            ref = x_transformers.RelativePositionBias._relative_position_bucket(relative, causal=causal, num_buckets=32, max_distance=128)
+            assert torch.equal(ours, ref)
+            assert ours.max() == 31 and len(ours.unique()) == (32 if causal else 31)  # bidirectional: bucket 16 (after, distance 0) unused
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_t5_bias_is_x_transformers_relative_position_bias_unscaled(causal):
+def test_t5_bias_is_x_transformers_relative_position_bias_unscaled():
     """Scale as T5: the bias is added to our logits as it is (x-transformers' scale=1, not its sqrt(d_head))."""
-    torch.manual_seed(0)
-    ours = T5BiasPE(d_model=32, n_heads=4, num_buckets=16, max_distance=40)
-    ours.causal = causal
-    ref = x_transformers.RelativePositionBias(scale=1.0, causal=causal, num_buckets=16, max_distance=40, heads=4)
-    with torch.no_grad():
-        ref.relative_attention_bias.weight.copy_(torch.randn(16, 4))
-        ours.relative_attention_bias.weight.copy_(ref.relative_attention_bias.weight)
-        torch.testing.assert_close(ours.score_bias(90, 90), ref(90, 90))
-        torch.testing.assert_close(ours.score_bias(3, 90, start_pos=87), ref(3, 90))  # cached queries: the last 3 of 90
+    for causal in (True, False):
+        with named(causal):
+            torch.manual_seed(0)
+            ours = T5BiasPE(d_model=32, n_heads=4, num_buckets=16, max_distance=40)
+            ours.causal = causal
+            ref = x_transformers.RelativePositionBias(scale=1.0, causal=causal, num_buckets=16, max_distance=40, heads=4)
+            with torch.no_grad():
+                ref.relative_attention_bias.weight.copy_(torch.randn(16, 4))
+                ours.relative_attention_bias.weight.copy_(ref.relative_attention_bias.weight)
+                torch.testing.assert_close(ours.score_bias(90, 90), ref(90, 90))
+                torch.testing.assert_close(ours.score_bias(3, 90, start_pos=87), ref(3, 90))  # cached queries: the last 3 of 90
 
 
 # -- xPos and RoPE interpolation / NTK: x-transformers' RotaryEmbedding --------------------------------------------------
@@ -61,16 +60,17 @@ def reference_rotary(q, k, **options):
     return x_transformers.apply_rotary_pos_emb(q, freqs, scale), x_transformers.apply_rotary_pos_emb(k, freqs, k_scale)
 
 
-@pytest.mark.parametrize("T", [30, 61])
-def test_xpos_qk_products_are_x_transformers_xpos(T):
+def test_xpos_qk_products_are_x_transformers_xpos():
     """Compared on q.k, where x-transformers' moving centre (max_pos // 2) and our fixed one cancel."""
-    q, k = qk(T=T, d_head=8, scale=2.0)
-    ours = XPosPE(d_model=16, n_heads=2, scale_base=16.0, training_length=64)  # a short scale base: a visible decay
-    q_ref, k_ref = reference_rotary(q, k, use_xpos=True, scale_base=16)
-    q_ours, k_ours = ours.rotate_qk(q, k)
-    torch.testing.assert_close(q_ours @ k_ours.transpose(-2, -1), q_ref @ k_ref.transpose(-2, -1), atol=1e-4, rtol=1e-4)
-    plain_q, plain_k = RotaryPE(d_model=16, n_heads=2).rotate_qk(q, k)
-    assert not torch.allclose(q_ours @ k_ours.transpose(-2, -1), plain_q @ plain_k.transpose(-2, -1), atol=1e-2)
+    for T in (30, 61):
+        with named(T):
+            q, k = qk(T=T, d_head=8, scale=2.0)
+            ours = XPosPE(d_model=16, n_heads=2, scale_base=16.0, training_length=64)  # a short scale base: a visible decay
+            q_ref, k_ref = reference_rotary(q, k, use_xpos=True, scale_base=16)
+            q_ours, k_ours = ours.rotate_qk(q, k)
+            torch.testing.assert_close(q_ours @ k_ours.transpose(-2, -1), q_ref @ k_ref.transpose(-2, -1), atol=1e-4, rtol=1e-4)
+            plain_q, plain_k = RotaryPE(d_model=16, n_heads=2).rotate_qk(q, k)
+            assert not torch.allclose(q_ours @ k_ours.transpose(-2, -1), plain_q @ plain_k.transpose(-2, -1), atol=1e-2)
 
 
 def test_xpos_centre_is_fixed_so_a_token_keeps_its_factor_as_the_text_grows():
@@ -101,23 +101,24 @@ def test_rope_ntk_scaling_is_x_transformers_base_rescale_factor():
 
 
 # -- CoPE: x-transformers' CoPE ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("q_len", [25, 4])  # a full pass, then the last 4 queries of a cached step
-def test_cope_is_x_transformers_cope(q_len):
-    torch.manual_seed(0)
-    H, T, d_head, p_max = 2, 25, 8, 6  # p_max below the length: the cap bites
-    q, k = qk(H=H, T=T, d_head=d_head, scale=1.5)
-    q = q[..., T - q_len :, :]
-    ours = CoPE(d_model=H * d_head, n_heads=H, p_max=p_max)
-    ref = x_transformers.CoPE(dim=d_head, heads=H, max_pos=p_max)
-    with torch.no_grad():
-        ref.pos_emb.copy_(torch.randn(p_max, d_head))
-        ours.pos_emb.copy_(ref.pos_emb)
-        logits = q @ k.transpose(-2, -1) / math.sqrt(d_head)
-        visible = torch.ones(q_len, T, dtype=torch.bool).tril(T - q_len)
-        expected = ref(q, logits.masked_fill(~visible, -torch.finfo(logits.dtype).max))
-        got = ours.qk_bias(q, k, start_pos=T - q_len, causal=True)
-    torch.testing.assert_close(got[..., visible], expected[..., visible], atol=1e-5, rtol=1e-5)
-    assert got.abs().max() > 0.1
+def test_cope_is_x_transformers_cope():
+    for q_len in (25, 4):  # a full pass, then the last 4 queries of a cached step
+        with named(q_len):
+            torch.manual_seed(0)
+            H, T, d_head, p_max = 2, 25, 8, 6  # p_max below the length: the cap bites
+            q, k = qk(H=H, T=T, d_head=d_head, scale=1.5)
+            q = q[..., T - q_len :, :]
+            ours = CoPE(d_model=H * d_head, n_heads=H, p_max=p_max)
+            ref = x_transformers.CoPE(dim=d_head, heads=H, max_pos=p_max)
+            with torch.no_grad():
+                ref.pos_emb.copy_(torch.randn(p_max, d_head))
+                ours.pos_emb.copy_(ref.pos_emb)
+                logits = q @ k.transpose(-2, -1) / math.sqrt(d_head)
+                visible = torch.ones(q_len, T, dtype=torch.bool).tril(T - q_len)
+                expected = ref(q, logits.masked_fill(~visible, -torch.finfo(logits.dtype).max))
+                got = ours.qk_bias(q, k, start_pos=T - q_len, causal=True)
+            torch.testing.assert_close(got[..., visible], expected[..., visible], atol=1e-5, rtol=1e-5)
+            assert got.abs().max() > 0.1
 
 
 def test_bidirectional_cope_counts_gates_between_query_and_key_with_a_table_per_side():
@@ -218,36 +219,6 @@ def test_dynamic_ntk_rescales_the_base_by_the_length_read():
     assert pe.cache_stays_exact(L) and not pe.cache_stays_exact(L + 1)
 
 
-@pytest.mark.parametrize("scaling", ["linear", "ntk", "dynamic_ntk", "yarn", "llama3"])
-def test_scaled_rope_loads_weights_trained_without_it_and_generates_the_same_with_and_without_the_cache(scaling):
-    torch.manual_seed(0)
-    trained = DecoderLM(vocab_size=30, d_model=16, n_heads=2, n_layers=2, pe=RotaryPE).eval()
-    scaled = DecoderLM(vocab_size=30, d_model=16, n_heads=2, n_layers=2,
-                       pe=lambda **kw: RotaryPE(**kw, scaling=scaling, scaling_factor=4.0, training_length=8)).eval()
-    scaled.load_state_dict(trained.state_dict())
-    prompt = torch.randint(30, (2, 3), generator=torch.Generator().manual_seed(1))
-    cached = generate(scaled, prompt, 20, temperature=0)
-    assert torch.equal(cached, generate(scaled, prompt, 20, temperature=0, use_cache=False))
-    idx = torch.randint(30, (2, 24), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        assert (scaled(idx) - trained(idx)).abs().max() > 1e-6  # the scaling acts
-
-
-# -- every precision ------------------------------------------------------------------------------------------------
-# (cached = uncached for every family, old and new, is tests/test_generate.py's, with every PE weight drawn at random)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
-@pytest.mark.parametrize("pe", NEW_FAMILIES)
-def test_every_precision_runs_and_agrees_with_float32(pe, dtype):
-    torch.manual_seed(0)
-    model = live(DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=2, pe=pe_factory(pe, seq_len=8))).eval()
-    idx = torch.randint(40, (2, 24), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        reference = model(idx)
-        low = model.to(dtype)(idx)
-    assert low.dtype == dtype and torch.isfinite(low).all()
-    assert (low.double() - reference.double()).abs().max().item() < (1e-4 if dtype == torch.float64 else 0.3)
-
-
 # -- settings: errors, warnings, schema -------------------------------------------------------------------------------
 @pytest.mark.parametrize("cls, settings, message", [
     (T5BiasPE, {"num_buckets": -2}, r"pe.num_buckets=-2 must be >= 4"),
@@ -304,6 +275,7 @@ def test_a_run_logs_each_warning_once_at_the_start(caplog, tmp_path):
 
 def test_schema_types_the_new_settings_and_knows_every_scaling():
     from pe_geometry.signatures import constructor_params
+
     from pe_geometry.training.schema import SchemaError, check_schema
     from tests.conftest import compose_train_config
 
