@@ -18,11 +18,9 @@ import math
 import pytest
 import torch
 
-from pe_geometry.model import DecoderLM, ExplicitAttention, RotaryPE, XPosPE
+from pe_geometry.model import ExplicitAttention, RotaryPE, XPosPE
 from pe_geometry.model.positional import yarn_thresholds
-from pe_geometry.model.sampling import generate
-from tests.test_attention import pe_factory
-from tests.test_generate import incremental_logits
+from tests.loops import grid, named
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
@@ -70,52 +68,49 @@ def assert_frequencies(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 # -- no scaling, linear, NTK, dynamic NTK -------------------------------------------------------------------------------
-@pytest.mark.parametrize("fraction", FRACTIONS)
-@pytest.mark.parametrize("d_head, L, base", SIZES)
-def test_unscaled_partial_rotary_is_gpt_neox_rotary_pct(d_head, L, base, fraction):
-    expected, factor = hf_frequencies("default", d_head, L, base, fraction)
-    pe = ours(d_head, base=base, rotary_fraction=fraction)
-    assert_frequencies(pe.frequencies(0), expected)
-    assert pe.attention_factor == factor == 1.0
+def test_unscaled_partial_rotary_is_gpt_neox_rotary_pct():
+    for (d_head, L, base), fraction in grid(SIZES, FRACTIONS):
+        with named(d_head, L, base, fraction):
+            expected, factor = hf_frequencies("default", d_head, L, base, fraction)
+            pe = ours(d_head, base=base, rotary_fraction=fraction)
+            assert_frequencies(pe.frequencies(0), expected)
+            assert pe.attention_factor == factor == 1.0
 
 
-@pytest.mark.parametrize("fraction", FRACTIONS)
-@pytest.mark.parametrize("s", FACTORS)
-@pytest.mark.parametrize("d_head, L, base", SIZES)
-def test_linear_scaling_is_transformers_linear(d_head, L, base, s, fraction):
-    expected, factor = hf_frequencies("linear", d_head, L, base, fraction, factor=s)
-    pe = ours(d_head, base=base, scaling="linear", scaling_factor=s, rotary_fraction=fraction)
-    assert_frequencies(pe.frequencies(0), expected)
-    assert pe.attention_factor == factor
+def test_linear_scaling_is_transformers_linear():
+    for (d_head, L, base), s, fraction in grid(SIZES, FACTORS, FRACTIONS):
+        with named(d_head, L, base, s, fraction):
+            expected, factor = hf_frequencies("linear", d_head, L, base, fraction, factor=s)
+            pe = ours(d_head, base=base, scaling="linear", scaling_factor=s, rotary_fraction=fraction)
+            assert_frequencies(pe.frequencies(0), expected)
+            assert pe.attention_factor == factor
 
 
-@pytest.mark.parametrize("fraction", FRACTIONS)
-@pytest.mark.parametrize("s", FACTORS)
-@pytest.mark.parametrize("d_head, L, base", SIZES)
-def test_dynamic_ntk_is_transformers_dynamic_below_and_above_the_training_length(d_head, L, base, s, fraction):
-    pe = ours(d_head, base=base, scaling="dynamic_ntk", scaling_factor=s, training_length=L, rotary_fraction=fraction)
-    for n in (L // 2, L, L + 1, 3 * L, 16 * L):
-        expected, factor = hf_frequencies("dynamic", d_head, L, base, fraction, seq_len=n, factor=s)
-        assert_frequencies(pe.frequencies(n), expected)
-        assert pe.attention_factor == factor
-    assert not torch.allclose(pe.frequencies(16 * L), pe.frequencies(L))
+def test_dynamic_ntk_is_transformers_dynamic_below_and_above_the_training_length():
+    for (d_head, L, base), s, fraction in grid(SIZES, FACTORS, FRACTIONS):
+        with named(d_head, L, base, s, fraction):
+            pe = ours(d_head, base=base, scaling="dynamic_ntk", scaling_factor=s, training_length=L, rotary_fraction=fraction)
+            for n in (L // 2, L, L + 1, 3 * L, 16 * L):
+                expected, factor = hf_frequencies("dynamic", d_head, L, base, fraction, seq_len=n, factor=s)
+                assert_frequencies(pe.frequencies(n), expected)
+                assert pe.attention_factor == factor
+            assert not torch.allclose(pe.frequencies(16 * L), pe.frequencies(L))
 
 
-@pytest.mark.parametrize("fraction", FRACTIONS)
-@pytest.mark.parametrize("s", FACTORS)
-@pytest.mark.parametrize("d_head, L, base", SIZES)
-def test_static_ntk_is_transformers_dynamic_ntk_where_its_base_is_the_static_one(d_head, L, base, s, fraction):
+def test_static_ntk_is_transformers_dynamic_ntk_where_its_base_is_the_static_one():
     """Dynamic NTK's base at length n is base (s n / L - (s - 1))^(d/(d-2)): the static base s^(d/(d-2)) at
     n = (2s - 1) L / s (a whole number for these L and s)."""
-    n = (2 * s - 1) * L / s
-    assert n == int(n)
-    expected, _ = hf_frequencies("dynamic", d_head, L, base, fraction, seq_len=int(n), factor=s)
-    pe = ours(d_head, base=base, scaling="ntk", scaling_factor=s, rotary_fraction=fraction)
-    assert_frequencies(pe.frequencies(0), expected)
-    rotating = round(fraction * d_head) // 2
-    # NTK's defining property: the lowest rotating frequency is interpolated (divided by s)
-    plain = ours(d_head, base=base, rotary_fraction=fraction).frequencies(0)
-    assert pe.frequencies(0)[rotating - 1].item() == pytest.approx(plain[rotating - 1].item() / s, rel=1e-12)
+    for (d_head, L, base), s, fraction in grid(SIZES, FACTORS, FRACTIONS):
+        with named(d_head, L, base, s, fraction):
+            n = (2 * s - 1) * L / s
+            assert n == int(n)
+            expected, _ = hf_frequencies("dynamic", d_head, L, base, fraction, seq_len=int(n), factor=s)
+            pe = ours(d_head, base=base, scaling="ntk", scaling_factor=s, rotary_fraction=fraction)
+            assert_frequencies(pe.frequencies(0), expected)
+            rotating = round(fraction * d_head) // 2
+            # NTK's defining property: the lowest rotating frequency is interpolated (divided by s)
+            plain = ours(d_head, base=base, rotary_fraction=fraction).frequencies(0)
+            assert pe.frequencies(0)[rotating - 1].item() == pytest.approx(plain[rotating - 1].item() / s, rel=1e-12)
 
 
 # -- YaRN: transformers' ramp (dims) and the paper's (turns) ------------------------------------------------------------
@@ -124,40 +119,39 @@ def yarn_settings(L: int, base: float) -> list[tuple[float, float]]:
     return [(1.0, 32.0), yarn_thresholds(L, base), (2.0, 16.0)]
 
 
-@pytest.mark.parametrize("fraction", FRACTIONS)
-@pytest.mark.parametrize("s", FACTORS)
-@pytest.mark.parametrize("d_head, L, base", SIZES)
-def test_yarn_with_the_dims_ramp_is_transformers_yarn(d_head, L, base, s, fraction):
+def test_yarn_with_the_dims_ramp_is_transformers_yarn():
     """Our alpha / beta are transformers' beta_slow / beta_fast (turns within original_max_position_embeddings)."""
-    for alpha, beta in yarn_settings(L, base):
-        expected, factor = hf_frequencies("yarn", d_head, L, base, fraction, factor=s, beta_slow=alpha, beta_fast=beta,
-                                          original_max_position_embeddings=L)
-        pe = ours(d_head, base=base, scaling="yarn", scaling_factor=s, training_length=L, rotary_fraction=fraction,
-                  yarn_ramp="dims", yarn_alpha=alpha, yarn_beta=beta)
-        assert_frequencies(pe.frequencies(0), expected)
-        assert pe.attention_factor == pytest.approx(factor, abs=1e-12)
-    explicit, factor = hf_frequencies("yarn", d_head, L, base, fraction, factor=s, attention_factor=1.3,
-                                      original_max_position_embeddings=L)
-    pe = ours(d_head, base=base, scaling="yarn", scaling_factor=s, training_length=L, rotary_fraction=fraction,
-              yarn_ramp="dims", yarn_alpha=1.0, yarn_beta=32.0, yarn_attention_factor=1.3)
-    assert_frequencies(pe.frequencies(0), explicit)
-    assert pe.attention_factor == factor == 1.3
+    for (d_head, L, base), s, fraction in grid(SIZES, FACTORS, FRACTIONS):
+        with named(d_head, L, base, s, fraction):
+            for alpha, beta in yarn_settings(L, base):
+                expected, factor = hf_frequencies("yarn", d_head, L, base, fraction, factor=s, beta_slow=alpha, beta_fast=beta,
+                                                  original_max_position_embeddings=L)
+                pe = ours(d_head, base=base, scaling="yarn", scaling_factor=s, training_length=L, rotary_fraction=fraction,
+                          yarn_ramp="dims", yarn_alpha=alpha, yarn_beta=beta)
+                assert_frequencies(pe.frequencies(0), expected)
+                assert pe.attention_factor == pytest.approx(factor, abs=1e-12)
+            explicit, factor = hf_frequencies("yarn", d_head, L, base, fraction, factor=s, attention_factor=1.3,
+                                              original_max_position_embeddings=L)
+            pe = ours(d_head, base=base, scaling="yarn", scaling_factor=s, training_length=L, rotary_fraction=fraction,
+                      yarn_ramp="dims", yarn_alpha=1.0, yarn_beta=32.0, yarn_attention_factor=1.3)
+            assert_frequencies(pe.frequencies(0), explicit)
+            assert pe.attention_factor == factor == 1.3
 
 
-@pytest.mark.parametrize("s", FACTORS)
-@pytest.mark.parametrize("d_head, L, base", SIZES)
-def test_yarn_with_the_turns_ramp_is_the_papers_gamma_of_r(d_head, L, base, s):
+def test_yarn_with_the_turns_ramp_is_the_papers_gamma_of_r():
     """Peng et al. (2023), eq. 18-19: r_i = L / lambda_i = L theta_i / (2 pi), gamma(r) = 0 below alpha, 1 above beta,
     (r - alpha) / (beta - alpha) between; theta_i' = (1 - gamma(r_i)) theta_i / s + gamma(r_i) theta_i."""
-    for alpha, beta in yarn_settings(L, base):
-        pe = ours(d_head, base=base, scaling="yarn", scaling_factor=s, training_length=L, yarn_alpha=alpha, yarn_beta=beta)
-        assert pe.yarn_ramp == "turns"  # the default
-        for i in range(d_head // 2):
-            theta = base ** (-2 * i / d_head)
-            r = L * theta / (2 * math.pi)
-            gamma = 0.0 if r < alpha else 1.0 if r > beta else (r - alpha) / (beta - alpha)
-            assert pe.frequencies(0)[i].item() == pytest.approx((1 - gamma) * theta / s + gamma * theta, rel=1e-12)
-        assert pe.attention_factor == pytest.approx(0.1 * math.log(s) + 1)
+    for (d_head, L, base), s in grid(SIZES, FACTORS):
+        with named(d_head, L, base, s):
+            for alpha, beta in yarn_settings(L, base):
+                pe = ours(d_head, base=base, scaling="yarn", scaling_factor=s, training_length=L, yarn_alpha=alpha, yarn_beta=beta)
+                assert pe.yarn_ramp == "turns"  # the default
+                for i in range(d_head // 2):
+                    theta = base ** (-2 * i / d_head)
+                    r = L * theta / (2 * math.pi)
+                    gamma = 0.0 if r < alpha else 1.0 if r > beta else (r - alpha) / (beta - alpha)
+                    assert pe.frequencies(0)[i].item() == pytest.approx((1 - gamma) * theta / s + gamma * theta, rel=1e-12)
+                assert pe.attention_factor == pytest.approx(0.1 * math.log(s) + 1)
 
 
 def test_the_two_yarn_ramps_keep_and_interpolate_the_same_pairs_and_differ_in_between():
@@ -171,17 +165,16 @@ def test_the_two_yarn_ramps_keep_and_interpolate_the_same_pairs_and_differ_in_be
 
 
 # -- Llama 3.1 --------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("fraction", FRACTIONS)
-@pytest.mark.parametrize("s", FACTORS)
-@pytest.mark.parametrize("d_head, L, base", SIZES)
-def test_llama3_scaling_is_transformers_llama3(d_head, L, base, s, fraction):
-    for low, high in [(1.0, 4.0), (0.5, 2.0), (2.0, 16.0)]:
-        expected, factor = hf_frequencies("llama3", d_head, L, base, fraction, factor=s, low_freq_factor=low,
-                                          high_freq_factor=high, original_max_position_embeddings=L)
-        pe = ours(d_head, base=base, scaling="llama3", scaling_factor=s, training_length=L, low_freq_factor=low,
-                  high_freq_factor=high, rotary_fraction=fraction)
-        assert_frequencies(pe.frequencies(0), expected)
-        assert pe.attention_factor == factor == 1.0
+def test_llama3_scaling_is_transformers_llama3():
+    for (d_head, L, base), s, fraction in grid(SIZES, FACTORS, FRACTIONS):
+        with named(d_head, L, base, s, fraction):
+            for low, high in [(1.0, 4.0), (0.5, 2.0), (2.0, 16.0)]:
+                expected, factor = hf_frequencies("llama3", d_head, L, base, fraction, factor=s, low_freq_factor=low,
+                                                  high_freq_factor=high, original_max_position_embeddings=L)
+                pe = ours(d_head, base=base, scaling="llama3", scaling_factor=s, training_length=L, low_freq_factor=low,
+                          high_freq_factor=high, rotary_fraction=fraction)
+                assert_frequencies(pe.frequencies(0), expected)
+                assert pe.attention_factor == factor == 1.0
 
 
 def test_llama3_defaults_are_llama_3_1s():
@@ -193,54 +186,54 @@ def test_llama3_defaults_are_llama_3_1s():
 
 
 # -- p-RoPE: transformers' proportional RoPE (Gemma) -----------------------------------------------------------------
-@pytest.mark.parametrize("fraction", FRACTIONS)
-@pytest.mark.parametrize("s", [1.0, *FACTORS])
-@pytest.mark.parametrize("d_head, L, base", SIZES)
-def test_p_rope_is_transformers_proportional_rope(d_head, L, base, s, fraction):
+def test_p_rope_is_transformers_proportional_rope():
     """p-RoPE (Barbero et al. 2024): full RoPE's theta_i = base^(-2i/d_head), the lowest 1 - f of the pairs at 0."""
-    expected, factor = hf_frequencies("proportional", d_head, L, base, fraction, factor=s)
-    assert expected.shape[0] == d_head // 2  # proportional keeps the pairs it drops, at 0
-    pe = ours(d_head, base=base, scaling="linear" if s > 1 else "none", scaling_factor=s, rotary_fraction=fraction,
-              partial_rotary="p_rope")
-    assert_frequencies(pe.frequencies(0), expected)
-    assert pe.attention_factor == factor
-    rotating = round(fraction * d_head) // 2
-    for i in range(rotating):  # by hand
-        assert pe.frequencies(0)[i].item() == pytest.approx(base ** (-2 * i / d_head) / s, rel=1e-12)
+    for (d_head, L, base), s, fraction in grid(SIZES, (1.0, *FACTORS), FRACTIONS):
+        with named(d_head, L, base, s, fraction):
+            expected, factor = hf_frequencies("proportional", d_head, L, base, fraction, factor=s)
+            assert expected.shape[0] == d_head // 2  # proportional keeps the pairs it drops, at 0
+            pe = ours(d_head, base=base, scaling="linear" if s > 1 else "none", scaling_factor=s, rotary_fraction=fraction,
+                      partial_rotary="p_rope")
+            assert_frequencies(pe.frequencies(0), expected)
+            assert pe.attention_factor == factor
+            rotating = round(fraction * d_head) // 2
+            for i in range(rotating):  # by hand
+                assert pe.frequencies(0)[i].item() == pytest.approx(base ** (-2 * i / d_head) / s, rel=1e-12)
 
 
-@pytest.mark.parametrize("fraction", [0.5, 0.25])
-@pytest.mark.parametrize("d_head, L, base", SIZES)
-def test_p_rope_yarn_and_llama3_are_the_full_ropes_first_pairs(d_head, L, base, fraction):
+def test_p_rope_yarn_and_llama3_are_the_full_ropes_first_pairs():
     """YaRN and Llama 3.1 act per frequency (and YaRN's index ramp on base^(-2i/d_head)): p-RoPE under them is the full
     head's scaled frequencies, its lowest 1 - f of the pairs at 0."""
-    rotating = round(fraction * d_head) // 2
-    s = 4.0
-    yarn, _ = hf_frequencies("yarn", d_head, L, base, factor=s, beta_slow=1.0, beta_fast=32.0,
-                             original_max_position_embeddings=L)
-    pe = ours(d_head, base=base, scaling="yarn", scaling_factor=s, training_length=L, yarn_ramp="dims", yarn_alpha=1.0,
-              yarn_beta=32.0, rotary_fraction=fraction, partial_rotary="p_rope")
-    assert_frequencies(pe.frequencies(0), yarn[:rotating])
-    llama3, _ = hf_frequencies("llama3", d_head, L, base, factor=s, low_freq_factor=1.0, high_freq_factor=4.0,
-                               original_max_position_embeddings=L)
-    pe = ours(d_head, base=base, scaling="llama3", scaling_factor=s, training_length=L, rotary_fraction=fraction,
-              partial_rotary="p_rope")
-    assert_frequencies(pe.frequencies(0), llama3[:rotating])
+    for (d_head, L, base), fraction in grid(SIZES, (0.5, 0.25)):
+        with named(d_head, L, base, fraction):
+            rotating = round(fraction * d_head) // 2
+            s = 4.0
+            yarn, _ = hf_frequencies("yarn", d_head, L, base, factor=s, beta_slow=1.0, beta_fast=32.0,
+                                     original_max_position_embeddings=L)
+            pe = ours(d_head, base=base, scaling="yarn", scaling_factor=s, training_length=L, yarn_ramp="dims", yarn_alpha=1.0,
+                      yarn_beta=32.0, rotary_fraction=fraction, partial_rotary="p_rope")
+            assert_frequencies(pe.frequencies(0), yarn[:rotating])
+            llama3, _ = hf_frequencies("llama3", d_head, L, base, factor=s, low_freq_factor=1.0, high_freq_factor=4.0,
+                                       original_max_position_embeddings=L)
+            pe = ours(d_head, base=base, scaling="llama3", scaling_factor=s, training_length=L, rotary_fraction=fraction,
+                      partial_rotary="p_rope")
+            assert_frequencies(pe.frequencies(0), llama3[:rotating])
 
 
-@pytest.mark.parametrize("scaling", ["ntk", "dynamic_ntk"])
-def test_p_rope_ntk_divides_the_lowest_rotating_frequency_by_s(scaling):
+def test_p_rope_ntk_divides_the_lowest_rotating_frequency_by_s():
     """No reference has it: base' = base s^(d_head / (R - 2)), R the rotating dims, so that the lowest rotating pair
     (i = R/2 - 1, theta = base^(-(R - 2)/d_head)) turns s times slower, NTK's rule for the full head."""
-    d_head, L, base, s, fraction = 32, 64, 10000.0, 4.0, 0.25
-    R = round(fraction * d_head)
-    pe = ours(d_head, base=base, scaling=scaling, scaling_factor=s, training_length=L, rotary_fraction=fraction,
-              partial_rotary="p_rope")
-    n = int((2 * s - 1) * L / s)  # where dynamic NTK's base is the static one
-    scaled_base = base * s ** (d_head / (R - 2))
-    expected = [scaled_base ** (-2 * i / d_head) for i in range(R // 2)] + [0.0] * ((d_head - R) // 2)
-    assert pe.frequencies(n).tolist() == pytest.approx(expected, rel=1e-12)
-    assert expected[R // 2 - 1] == pytest.approx(base ** (-(R - 2) / d_head) / s, rel=1e-12)
+    for scaling in ("ntk", "dynamic_ntk"):
+        with named(scaling):
+            d_head, L, base, s, fraction = 32, 64, 10000.0, 4.0, 0.25
+            R = round(fraction * d_head)
+            pe = ours(d_head, base=base, scaling=scaling, scaling_factor=s, training_length=L, rotary_fraction=fraction,
+                      partial_rotary="p_rope")
+            n = int((2 * s - 1) * L / s)  # where dynamic NTK's base is the static one
+            scaled_base = base * s ** (d_head / (R - 2))
+            expected = [scaled_base ** (-2 * i / d_head) for i in range(R // 2)] + [0.0] * ((d_head - R) // 2)
+            assert pe.frequencies(n).tolist() == pytest.approx(expected, rel=1e-12)
+            assert expected[R // 2 - 1] == pytest.approx(base ** (-(R - 2) / d_head) / s, rel=1e-12)
 
 
 # -- partial rotation in a model: GPT-NeoX's attention with copied weights --------------------------------------------
@@ -252,46 +245,46 @@ def neox_to_interleaved(d_head: int, rotary_dims: int) -> torch.Tensor:
     return torch.tensor(order + list(range(rotary_dims, d_head)))
 
 
-@pytest.mark.parametrize("scaling", ["none", "linear"])
-@pytest.mark.parametrize("fraction", FRACTIONS)
-def test_partial_rotary_attention_is_gpt_neox_attention_with_copied_weights(fraction, scaling):
-    from transformers import GPTNeoXConfig
-    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention, GPTNeoXRotaryEmbedding
+def test_partial_rotary_attention_is_gpt_neox_attention_with_copied_weights():
+    for fraction, scaling in grid(FRACTIONS, ("none", "linear")):
+        with named(fraction, scaling):
+            from transformers import GPTNeoXConfig
+            from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention, GPTNeoXRotaryEmbedding
 
-    torch.manual_seed(0)
-    H, d_head, T, s = 2, 16, 24, 4.0
-    D = H * d_head
-    rope = {"rope_type": "default" if scaling == "none" else scaling, "rope_theta": 100.0, "partial_rotary_factor": fraction}
-    if scaling == "linear":
-        rope["factor"] = s
-    config = GPTNeoXConfig(hidden_size=D, num_attention_heads=H, max_position_embeddings=T, attention_bias=True,
-                           rope_parameters=rope, attn_implementation="eager")
-    ref, rotary = GPTNeoXAttention(config, layer_idx=0).eval(), GPTNeoXRotaryEmbedding(config)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.normal_(0, 0.3)
-    pe = RotaryPE(D, H, base=100.0, scaling=scaling, scaling_factor=s if scaling == "linear" else 1.0,
-                  rotary_fraction=fraction)
-    attn = ExplicitAttention(D, H, pe=pe).eval()
-    order = neox_to_interleaved(d_head, round(fraction * d_head))
-    w = ref.query_key_value.weight.view(H, 3, d_head, D)
-    b = ref.query_key_value.bias.view(H, 3, d_head)
-    with torch.no_grad():
-        attn.q.weight.copy_(w[:, 0][:, order].reshape(D, D))
-        attn.q.bias.copy_(b[:, 0][:, order].reshape(D))
-        attn.kv.weight.copy_(torch.cat([w[:, 1][:, order].reshape(D, D), w[:, 2].reshape(D, D)]))
-        attn.kv.bias.copy_(torch.cat([b[:, 1][:, order].reshape(D), b[:, 2].reshape(D)]))
-        attn.o.weight.copy_(ref.dense.weight)
-        attn.o.bias.copy_(ref.dense.bias)
+            torch.manual_seed(0)
+            H, d_head, T, s = 2, 16, 24, 4.0
+            D = H * d_head
+            rope = {"rope_type": "default" if scaling == "none" else scaling, "rope_theta": 100.0, "partial_rotary_factor": fraction}
+            if scaling == "linear":
+                rope["factor"] = s
+            config = GPTNeoXConfig(hidden_size=D, num_attention_heads=H, max_position_embeddings=T, attention_bias=True,
+                                   rope_parameters=rope, attn_implementation="eager")
+            ref, rotary = GPTNeoXAttention(config, layer_idx=0).eval(), GPTNeoXRotaryEmbedding(config)
+            with torch.no_grad():
+                for p in ref.parameters():
+                    p.normal_(0, 0.3)
+            pe = RotaryPE(D, H, base=100.0, scaling=scaling, scaling_factor=s if scaling == "linear" else 1.0,
+                          rotary_fraction=fraction)
+            attn = ExplicitAttention(D, H, pe=pe).eval()
+            order = neox_to_interleaved(d_head, round(fraction * d_head))
+            w = ref.query_key_value.weight.view(H, 3, d_head, D)
+            b = ref.query_key_value.bias.view(H, 3, d_head)
+            with torch.no_grad():
+                attn.q.weight.copy_(w[:, 0][:, order].reshape(D, D))
+                attn.q.bias.copy_(b[:, 0][:, order].reshape(D))
+                attn.kv.weight.copy_(torch.cat([w[:, 1][:, order].reshape(D, D), w[:, 2].reshape(D, D)]))
+                attn.kv.bias.copy_(torch.cat([b[:, 1][:, order].reshape(D), b[:, 2].reshape(D)]))
+                attn.o.weight.copy_(ref.dense.weight)
+                attn.o.bias.copy_(ref.dense.bias)
 
-        x = torch.randn(2, T, D)
-        cos, sin = rotary(x, torch.arange(T)[None])
-        causal = torch.full((T, T), float("-inf")).triu(1)[None, None]
-        expected, _ = ref(x, attention_mask=causal, position_embeddings=(cos, sin))
-        got = attn(x, causal=True)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    unrotated_rows = attn.q.weight.view(H, d_head, D)[:, round(fraction * d_head) :]
-    assert fraction == 1.0 or unrotated_rows.abs().sum() > 0  # the pass-through dims carry weight
+                x = torch.randn(2, T, D)
+                cos, sin = rotary(x, torch.arange(T)[None])
+                causal = torch.full((T, T), float("-inf")).triu(1)[None, None]
+                expected, _ = ref(x, attention_mask=causal, position_embeddings=(cos, sin))
+                got = attn(x, causal=True)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+            unrotated_rows = attn.q.weight.view(H, d_head, D)[:, round(fraction * d_head) :]
+            assert fraction == 1.0 or unrotated_rows.abs().sum() > 0  # the pass-through dims carry weight
 
 
 def test_the_dims_a_partial_rotation_leaves_alone_pass_unchanged():
@@ -306,60 +299,25 @@ def test_the_dims_a_partial_rotation_leaves_alone_pass_unchanged():
     assert (xpos.zeta[2:] == 1).all() and (xpos.zeta[:2] < 1).all()
 
 
-@pytest.mark.parametrize("T", [30, 61])
-@pytest.mark.parametrize("fraction", [0.5, 0.25])
-def test_partial_xpos_is_x_transformers_xpos_over_its_rotary_dims(T, fraction):
+def test_partial_xpos_is_x_transformers_xpos_over_its_rotary_dims():
     """x-transformers rotates (and decays) the first rotary_emb_dim dims of each head, interleaved as ours; compared on
     q.k, where its moving centre and our fixed one cancel."""
-    x_transformers = pytest.importorskip("x_transformers.x_transformers")
-    g = torch.Generator().manual_seed(0)
-    d_head = 16
-    R = round(fraction * d_head)
-    q, k = torch.randn(2, 2, T, d_head, generator=g) * 2, torch.randn(2, 2, T, d_head, generator=g) * 2
-    ref = x_transformers.RotaryEmbedding(R, use_xpos=True, scale_base=16)
-    freqs, scale = ref.forward_from_seq_len(T)
-    q_ref, k_ref = x_transformers.apply_rotary_pos_emb(q, freqs, scale), x_transformers.apply_rotary_pos_emb(k, freqs, scale**-1.0)
-    q_ours, k_ours = XPosPE(2 * d_head, 2, scale_base=16.0, training_length=64, rotary_fraction=fraction).rotate_qk(q, k)
-    torch.testing.assert_close(q_ours @ k_ours.transpose(-2, -1), q_ref @ k_ref.transpose(-2, -1), atol=1e-4, rtol=1e-4)
+    for fraction, T in grid((0.5, 0.25), (30, 61)):
+        with named(fraction, T):
+            x_transformers = pytest.importorskip("x_transformers.x_transformers")
+            g = torch.Generator().manual_seed(0)
+            d_head = 16
+            R = round(fraction * d_head)
+            q, k = torch.randn(2, 2, T, d_head, generator=g) * 2, torch.randn(2, 2, T, d_head, generator=g) * 2
+            ref = x_transformers.RotaryEmbedding(R, use_xpos=True, scale_base=16)
+            freqs, scale = ref.forward_from_seq_len(T)
+            q_ref, k_ref = x_transformers.apply_rotary_pos_emb(q, freqs, scale), x_transformers.apply_rotary_pos_emb(k, freqs, scale**-1.0)
+            q_ours, k_ours = XPosPE(2 * d_head, 2, scale_base=16.0, training_length=64, rotary_fraction=fraction).rotate_qk(q, k)
+            torch.testing.assert_close(q_ours @ k_ours.transpose(-2, -1), q_ref @ k_ref.transpose(-2, -1), atol=1e-4, rtol=1e-4)
 
 
-# -- cached generation is uncached generation, with every new option ---------------------------------------------------
-NEW_OPTIONS = [
-    ("rope", {"rotary_fraction": 0.5}),
-    ("rope", {"rotary_fraction": 0.25, "partial_rotary": "p_rope"}),
-    ("rope", {"scaling": "llama3", "scaling_factor": 4.0}),
-    ("rope", {"scaling": "yarn", "scaling_factor": 4.0, "yarn_ramp": "dims"}),
-    ("rope", {"scaling": "yarn", "scaling_factor": 4.0, "rotary_fraction": 0.5, "partial_rotary": "p_rope"}),
-    ("rope", {"scaling": "llama3", "scaling_factor": 4.0, "rotary_fraction": 0.5}),
-    ("rope", {"scaling": "dynamic_ntk", "scaling_factor": 4.0, "rotary_fraction": 0.5}),
-    ("xpos", {"rotary_fraction": 0.5}),
-    ("xpos", {"rotary_fraction": 0.25, "partial_rotary": "p_rope"}),
-]
-
-
-def option_id(option: tuple[str, dict]) -> str:
-    return option[0] + ":" + ",".join(f"{k}={v}" for k, v in option[1].items())
-
-
-@pytest.mark.parametrize("option", NEW_OPTIONS, ids=option_id)
-def test_cached_generation_is_uncached_generation_with_each_new_option(option):
-    name, settings = option
-    torch.manual_seed(0)
-    # training length 8 (the yaml's ${data.seq_len}): the 23 tokens read below are past it, where the scalings act
-    model = DecoderLM(vocab_size=30, d_model=32, n_heads=2, n_layers=2, pe=pe_factory(name, seq_len=8, **settings)).eval()
-    prompt = torch.randint(30, (2, 3), generator=torch.Generator().manual_seed(1))
-    cached = generate(model, prompt, 20, temperature=0)
-    assert torch.equal(cached, generate(model, prompt, 20, temperature=0, use_cache=False))
-    idx = torch.randint(30, (2, 20), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        full = model(idx)
-        if model.decoder.pe.cache_stays_exact(idx.shape[1]):
-            assert (incremental_logits(model, idx, None) - full).abs().max().item() <= 1e-5
-        plain = DecoderLM(vocab_size=30, d_model=32, n_heads=2, n_layers=2, pe=pe_factory(name, seq_len=8)).eval()
-        plain.load_state_dict(model.state_dict())
-        assert (plain(idx) - full).abs().max() > 1e-6  # the option acts
-
-
+# -- the cache follows the frequencies ----------------------------------------------------------------------------------
+# (cached = uncached decoding and generation with each scaling and partial rotation: tests/test_encoding_conformance.py)
 def test_the_rotation_table_follows_dynamic_ntks_base_with_a_partial_rotation():
     """The angle table is cached by frequencies: a partial rotation's last frequency is 0 at any base, so a key on it
     alone would keep the long text's angles for a short one."""
