@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pe_geometry.model.positional import ALiBiPE, LearnedPE, RotaryPE, SinusoidalPE, alibi_slopes, sinusoidal_table
+from tests.loops import named
 
 
 def reference_sinusoid(n_positions: int, d_model: int) -> torch.Tensor:
@@ -50,14 +51,15 @@ def rotation_for_offset(k: int, d_model: int) -> torch.Tensor:
     return R
 
 
-@pytest.mark.parametrize("k", [1, 5, 37])
-def test_relative_position_is_a_fixed_rotation(k):
-    d = 16
-    table = reference_sinusoid(100 + k, d)
-    R = rotation_for_offset(k, d)
-    shifted = table[:100] @ R.T  # the same R for every pos
-    torch.testing.assert_close(shifted, table[k : 100 + k], atol=1e-9, rtol=0)
-    assert torch.allclose(R @ R.T, torch.eye(d, dtype=torch.float64))  # a rotation
+def test_relative_position_is_a_fixed_rotation():
+    for k in (1, 5, 37):
+        with named(k):
+            d = 16
+            table = reference_sinusoid(100 + k, d)
+            R = rotation_for_offset(k, d)
+            shifted = table[:100] @ R.T  # the same R for every pos
+            torch.testing.assert_close(shifted, table[k : 100 + k], atol=1e-9, rtol=0)
+            assert torch.allclose(R @ R.T, torch.eye(d, dtype=torch.float64))  # a rotation
 
 
 def test_sin_only_table_has_no_fixed_linear_offset_map():
