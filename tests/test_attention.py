@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, NoPE, SDPAttention
 from tests.conftest import CONFIG_DIR, causal_only
+from tests.loops import named
 
 
 def pe_factory(name: str, seq_len: int = 64, **overrides):
@@ -145,19 +146,20 @@ def test_per_head_weight_views_rebuild_the_attention_output():
         torch.testing.assert_close(out, attn(x, causal=True))
 
 
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM, EncoderDecoder])
-def test_per_token_losses_average_to_the_training_loss(model_cls):
-    model = build(model_cls, "rope", SDPAttention).eval()
-    block = torch.randint(2, 50, (3, 21))
-    with torch.no_grad():
-        per_token = model.loss(block, reduction="none", generator=torch.Generator().manual_seed(0))
-        mean = model.loss(block, generator=torch.Generator().manual_seed(0))
-    n_targets = 20 - model.source_len(20) if model_cls is EncoderDecoder else 20
-    assert per_token.shape == (3, n_targets)
-    assert per_token.isnan().any() == (model_cls is EncoderMLM)  # unmasked positions have no target
-    torch.testing.assert_close(per_token[~per_token.isnan()].mean(), mean)
-    with pytest.raises(ValueError, match="reduction='sum'; valid"):
-        model.loss(block, reduction="sum")
+def test_per_token_losses_average_to_the_training_loss():
+    for model_cls in (DecoderLM, EncoderMLM, EncoderDecoder):
+        with named(model_cls.__name__):
+            model = build(model_cls, "rope", SDPAttention).eval()
+            block = torch.randint(2, 50, (3, 21))
+            with torch.no_grad():
+                per_token = model.loss(block, reduction="none", generator=torch.Generator().manual_seed(0))
+                mean = model.loss(block, generator=torch.Generator().manual_seed(0))
+            n_targets = 20 - model.source_len(20) if model_cls is EncoderDecoder else 20
+            assert per_token.shape == (3, n_targets)
+            assert per_token.isnan().any() == (model_cls is EncoderMLM)  # unmasked positions have no target
+            torch.testing.assert_close(per_token[~per_token.isnan()].mean(), mean)
+            with pytest.raises(ValueError, match="reduction='sum'; valid"):
+                model.loss(block, reduction="sum")
 
 
 def test_encoder_decoder_source_length_is_one_formula():

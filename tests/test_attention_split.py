@@ -18,6 +18,7 @@ from pe_geometry.analysis.attention_split import (
     term_shares,
 )
 from pe_geometry.model import DecoderLM, ExplicitAttention, LearnedPE
+from tests.loops import named
 
 D, T = 8, 6
 
@@ -151,52 +152,54 @@ def test_shares_match_a_numpy_loop_and_sum_to_one():
     np.testing.assert_allclose(shares["positional"].numpy(), sum(ref[n] for n in POSITIONAL_TERMS), atol=1e-10)
 
 
-@pytest.mark.parametrize("norm", ["pre", "post"])
-def test_terms_sum_to_the_real_first_layer_scores(norm):
+def test_terms_sum_to_the_real_first_layer_scores():
     """Brute force: the model's own LayerNorm and q/kv projections give the scores the terms must add up to."""
-    torch.manual_seed(0)
-    model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, norm=norm, pe=LearnedPE, attention=ExplicitAttention).eval()
-    with torch.no_grad():  # non-zero biases and LN affine parameters, so every bias term is exercised
-        block = model.blocks[0]
-        for param in (block.attn.q.bias, block.attn.kv.bias, block.ln_attn.weight, block.ln_attn.bias):
-            param.copy_(torch.randn_like(param) * 0.5 + (1.0 if param is block.ln_attn.weight else 0.0))
-        idx = torch.randint(40, (3, 10))
-        terms, mask = first_layer_terms(model, idx)
-        x = model.input_stack.embed(idx)
-        h = block.ln_attn(x) if norm == "pre" else x
-        attn = block.attn
-        q = attn.q(h).view(3, 10, 2, 8).transpose(1, 2)
-        k = attn.kv(h).view(3, 10, 2, 2, 8).unbind(2)[0].transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).double()
-        shares = first_layer_attention_split(model, idx)
-    torch.testing.assert_close(sum(terms.values()), scores, atol=1e-5, rtol=1e-5)
-    assert mask is not None and mask.equal(torch.ones(10, 10, dtype=torch.bool).tril())
-    assert (terms["pos_bias"].abs().amax(dim=(-2, -1)) > 1e-3).all()  # the bias route exists in a real layer
-    torch.testing.assert_close(sum(shares[name] for name in TERMS), torch.ones(2, dtype=torch.float64))
+    for norm in ("pre", "post"):
+        with named(norm):
+            torch.manual_seed(0)
+            model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, norm=norm, pe=LearnedPE, attention=ExplicitAttention).eval()
+            with torch.no_grad():  # non-zero biases and LN affine parameters, so every bias term is exercised
+                block = model.blocks[0]
+                for param in (block.attn.q.bias, block.attn.kv.bias, block.ln_attn.weight, block.ln_attn.bias):
+                    param.copy_(torch.randn_like(param) * 0.5 + (1.0 if param is block.ln_attn.weight else 0.0))
+                idx = torch.randint(40, (3, 10))
+                terms, mask = first_layer_terms(model, idx)
+                x = model.input_stack.embed(idx)
+                h = block.ln_attn(x) if norm == "pre" else x
+                attn = block.attn
+                q = attn.q(h).view(3, 10, 2, 8).transpose(1, 2)
+                k = attn.kv(h).view(3, 10, 2, 2, 8).unbind(2)[0].transpose(1, 2)
+                scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).double()
+                shares = first_layer_attention_split(model, idx)
+            torch.testing.assert_close(sum(terms.values()), scores, atol=1e-5, rtol=1e-5)
+            assert mask is not None and mask.equal(torch.ones(10, 10, dtype=torch.bool).tril())
+            assert (terms["pos_bias"].abs().amax(dim=(-2, -1)) > 1e-3).all()  # the bias route exists in a real layer
+            torch.testing.assert_close(sum(shares[name] for name in TERMS), torch.ones(2, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("norm", ["pre", "post"])
-def test_split_shares_equal_the_materialised_terms_shares(norm, monkeypatch):
+def test_split_shares_equal_the_materialised_terms_shares(monkeypatch):
     """first_layer_attention_split (no (T, T) term materialised, a few heads at a time) gives term_shares of the
     seven terms: to rounding in float64, to 1e-5 in float32 (its default), with biases and LN affine set."""
-    import pe_geometry.analysis.attention_split as split
+    for norm in ("pre", "post"):
+        with named(norm):
+            import pe_geometry.analysis.attention_split as split
 
-    torch.manual_seed(1)
-    model = DecoderLM(vocab_size=40, d_model=24, n_heads=3, n_layers=1, norm=norm, pe=LearnedPE).eval()
-    with torch.no_grad():
-        block = model.blocks[0]
-        for param in (block.attn.q.bias, block.attn.kv.bias, block.ln_attn.weight, block.ln_attn.bias):
-            param.copy_(torch.randn_like(param) * 0.5 + (1.0 if param is block.ln_attn.weight else 0.0))
-        idx = torch.randint(40, (3, 12))
-        reference = term_shares(*first_layer_terms(model, idx))
-        monkeypatch.setattr(split, "_CHUNK_ELEMENTS", 2 * 12 * 12)  # two heads a chunk: 3 heads = chunks of 2 and 1
-        in_float64 = first_layer_attention_split(model, idx, dtype=torch.float64)
-        in_float32 = first_layer_attention_split(model, idx)
-    assert in_float64.keys() == reference.keys()
-    for name, share in reference.items():
-        torch.testing.assert_close(in_float64[name], share, atol=1e-12, rtol=0)
-        torch.testing.assert_close(in_float32[name], share, atol=1e-5, rtol=0)
-    assert (reference["pos_bias"].abs() > 1e-3).any()  # the bias route is exercised
+            torch.manual_seed(1)
+            model = DecoderLM(vocab_size=40, d_model=24, n_heads=3, n_layers=1, norm=norm, pe=LearnedPE).eval()
+            with torch.no_grad():
+                block = model.blocks[0]
+                for param in (block.attn.q.bias, block.attn.kv.bias, block.ln_attn.weight, block.ln_attn.bias):
+                    param.copy_(torch.randn_like(param) * 0.5 + (1.0 if param is block.ln_attn.weight else 0.0))
+                idx = torch.randint(40, (3, 12))
+                reference = term_shares(*first_layer_terms(model, idx))
+                monkeypatch.setattr(split, "_CHUNK_ELEMENTS", 2 * 12 * 12)  # two heads a chunk: 3 heads = chunks of 2 and 1
+                in_float64 = first_layer_attention_split(model, idx, dtype=torch.float64)
+                in_float32 = first_layer_attention_split(model, idx)
+            assert in_float64.keys() == reference.keys()
+            for name, share in reference.items():
+                torch.testing.assert_close(in_float64[name], share, atol=1e-12, rtol=0)
+                torch.testing.assert_close(in_float32[name], share, atol=1e-5, rtol=0)
+            assert (reference["pos_bias"].abs() > 1e-3).any()  # the bias route is exercised
 
 
 def test_a_split_that_drifts_from_the_forward_is_refused_and_a_shuffled_control_is_not_checked(monkeypatch):

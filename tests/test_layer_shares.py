@@ -11,6 +11,7 @@ import torch
 
 from pe_geometry.analysis import position_attention as pa
 from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention
+from tests.loops import named
 from tests.test_attention import build, pe_factory
 from tests.test_position_attention import attention_inputs, rederived_score_parts, tokens
 
@@ -45,15 +46,16 @@ def shares_from_weights(model, idx: torch.Tensor, windows: list | None = None) -
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("model_cls", [DecoderLM, EncoderMLM])
-def test_each_layer_of_a_pattern_is_read_over_its_own_window_and_base(model_cls):
+def test_each_layer_of_a_pattern_is_read_over_its_own_window_and_base():
     """A 4-token window then a global layer: each block's share over the keys its own queries see."""
-    model, idx = patterned("rope", LOCAL_GLOBAL, model_cls), tokens()
-    with torch.no_grad():
-        shares = pa.layer_positional_shares(model, idx)
-        torch.testing.assert_close(shares, shares_from_weights(model, idx), atol=1e-6, rtol=1e-6)
-        block0_mask = shares_from_weights(model, idx, windows=[4, 4])  # block 1 read over block 0's window: not it
-    assert (shares[1] - block0_mask[1]).abs().max() > 1e-3
+    for model_cls in (DecoderLM, EncoderMLM):
+        with named(model_cls.__name__):
+            model, idx = patterned("rope", LOCAL_GLOBAL, model_cls), tokens()
+            with torch.no_grad():
+                shares = pa.layer_positional_shares(model, idx)
+                torch.testing.assert_close(shares, shares_from_weights(model, idx), atol=1e-6, rtol=1e-6)
+                block0_mask = shares_from_weights(model, idx, windows=[4, 4])  # block 1 read over block 0's window: not it
+            assert (shares[1] - block0_mask[1]).abs().max() > 1e-3
 
 
 def test_a_nope_layer_adds_nothing_and_an_alibi_layer_with_zero_queries_is_all_position():
