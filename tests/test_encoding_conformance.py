@@ -514,6 +514,11 @@ class TestEveryEncoding(VariantProperties):
                         if layout == "decoder" and randomized.decoder.cache_stays_exact(T):  # no draw through the cache
                             error = (incremental_logits(randomized, idx[:, :T], None) - plain(idx[:, :T])).abs().max()
                             assert error.item() <= 1e-5, (kernel, error)
+                    if layout == "decoder" and kernel == "sdpa":  # generation (eval mode): the plain positions
+                        cached = generate(randomized, idx[:, :6], 14, temperature=0)
+                        assert torch.equal(cached, generate(randomized, idx[:, :6], 14, temperature=0, use_cache=False))
+                        assert torch.equal(cached, generate(plain, idx[:, :6], 14, temperature=0))
+                    with torch.no_grad():
                         randomized.train(), plain.train()
                         torch.manual_seed(0)
                         assert not torch.allclose(randomized(idx), plain(idx), atol=1e-4), (layout, kernel)
