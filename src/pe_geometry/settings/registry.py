@@ -7,7 +7,12 @@ from __future__ import annotations
 import functools
 from importlib.metadata import entry_points
 
-from pe_geometry.settings import attention, data, model, positional, training  # noqa: F401  (each registers its own)
+# each module registers its components when imported
+import pe_geometry.settings.attention  # noqa: F401
+import pe_geometry.settings.data  # noqa: F401
+import pe_geometry.settings.model  # noqa: F401
+import pe_geometry.settings.positional  # noqa: F401
+import pe_geometry.settings.training  # noqa: F401
 from pe_geometry.settings.base import REGISTRY, Settings, defaults
 
 PLUGIN_GROUP = "pe_geometry.settings"  # the entry-point group of packages that register components of their own
