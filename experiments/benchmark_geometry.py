@@ -43,8 +43,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_geometry.analysis.geometry import _n_directions
-from pe_geometry.analysis.nulls import null_summary, rotation_null
+from pe_geometry.analysis.measures.geometry import _n_directions
+from pe_geometry.analysis.measures.nulls import null_summary, rotation_null
 from pe_geometry.model.positional import sinusoidal_table
 
 SIZES = [(128, 128), (256, 256), (512, 512), (768, 1024)]  # (d, n_positions)

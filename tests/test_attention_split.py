@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pe_geometry.analysis.attention_split import (
+from pe_geometry.analysis.measures.attention_split import (
     POSITIONAL_TERMS,
     TERMS,
     attention_split,
@@ -182,7 +182,7 @@ def test_split_shares_equal_the_materialised_terms_shares(monkeypatch):
     seven terms: to rounding in float64, to 1e-5 in float32 (its default), with biases and LN affine set."""
     for norm in ("pre", "post"):
         with named(norm):
-            import pe_geometry.analysis.attention_split as split
+            import pe_geometry.analysis.measures.attention_split as split
 
             torch.manual_seed(1)
             model = DecoderLM(vocab_size=40, d_model=24, n_heads=3, n_layers=1, norm=norm, pe=LearnedPE).eval()
@@ -208,7 +208,7 @@ def test_a_split_that_drifts_from_the_forward_is_refused_and_a_shuffled_control_
     pe.shuffle the forward reads the rows in a random order and the split the table in order: not checked."""
     from functools import partial
 
-    import pe_geometry.analysis.attention_split as split
+    import pe_geometry.analysis.measures.attention_split as split
 
     torch.manual_seed(0)
     model = DecoderLM(vocab_size=40, d_model=16, n_heads=2, n_layers=1, pe=LearnedPE, attention=ExplicitAttention).eval()

@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from pe_geometry.analysis.attention_split import TERMS, first_layer_terms
+from pe_geometry.analysis.measures.attention_split import TERMS, first_layer_terms
 from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention
 from tests.loops import named
 from tests.test_attention import build, live

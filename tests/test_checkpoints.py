@@ -1,4 +1,4 @@
-"""analysis/checkpoints.py (the Reader and load) and the measures of analysis/pretrained.py on tiny random models.
+"""analysis/readers/checkpoints.py (the Reader and load) and the measures of analysis/readers/pretrained.py on tiny random models.
 
 Every family in ``FAMILIES`` is built at random from a tiny config (no weights, no hub). Three kinds of proof:
 
@@ -27,9 +27,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from pe_geometry.analysis import checkpoints as ck  # noqa: E402
-from pe_geometry.analysis import pretrained as pt  # noqa: E402
-from pe_geometry.analysis.attention_split import TERMS  # noqa: E402
+from pe_geometry.analysis.measures.attention_split import TERMS  # noqa: E402
+from pe_geometry.analysis.readers import checkpoints as ck  # noqa: E402
+from pe_geometry.analysis.readers import pretrained as pt  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -364,7 +364,7 @@ def test_score_parts_that_do_not_add_up_to_the_logits_raise(monkeypatch):
     reader = ck.Reader(build("t5"), "t5")
     ids = tokens()
     pt.attention_layers(reader, ids)  # the real parts add up
-    from pe_geometry.analysis import position_attention as pa
+    from pe_geometry.analysis.measures import position_attention as pa
 
     real = pa.recorded_score_parts  # the estimator both readers share
     monkeypatch.setattr(pa, "recorded_score_parts", lambda recorded: real(recorded | {"score_bias": torch.zeros(1)}))

@@ -1,4 +1,4 @@
-"""Control arms against the arm they control (analysis/control_contrast.py, pe-verdict --contrast): changes from step
+"""Control arms against the arm they control (analysis/study/control_contrast.py, pe-verdict --contrast): changes from step
 0 to the end, paired by seed, with a t-test and Holm over the rows."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 from scipy import stats as scipy_stats
 
-from pe_geometry.analysis.control_contrast import contrast
-from pe_geometry.analysis.verdict import combine_seeds
+from pe_geometry.analysis.study.control_contrast import contrast
+from pe_geometry.analysis.study.verdict import combine_seeds
 
 MIXED = "learned + mixed init k=8"
 FROZEN, SHUFFLED = f"{MIXED} + frozen table", f"{MIXED} + rows shuffled per sequence"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from pe_geometry.analysis import geometry as geo
+from pe_geometry.analysis.measures import geometry as geo
 from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
 from pe_geometry.model.positional import LearnedPE, SinusoidalPE, sinusoidal_table
 from pe_geometry.model.transformer import DecoderLM, EncoderDecoder

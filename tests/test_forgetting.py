@@ -17,7 +17,7 @@ from functools import partial
 import pytest
 import torch
 
-from pe_geometry.analysis import position_attention as pa
+from pe_geometry.analysis.measures import position_attention as pa
 from pe_geometry.model import (
     ALiBiPE,
     DecoderLM,

@@ -8,7 +8,7 @@ import scipy.linalg
 import torch
 import torch.nn.functional as F
 
-from pe_geometry.analysis import geometry as geo
+from pe_geometry.analysis.measures import geometry as geo
 
 
 def gen(seed: int = 0) -> torch.Generator:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from pe_geometry.analysis.attention_split import first_layer_attention_split
 from pe_geometry.analysis.geometry_callback import GeometryCallback
-from pe_geometry.analysis.probes import frequent_token_ids
+from pe_geometry.analysis.measures.attention_split import first_layer_attention_split
+from pe_geometry.analysis.measures.probes import frequent_token_ids
 from pe_geometry.model import DecoderLM, ExplicitAttention, SinusoidalPE
 from pe_geometry.training.pipeline import train
 from tests import forkserver

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_geometry.analysis.position_attention import position_attention_report
+from pe_geometry.analysis.measures.position_attention import position_attention_report
 from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, NoPE, RotaryPE, SDPAttention
 from pe_geometry.model.transformer import layer_schemes
 from pe_geometry.training.validate import ConfigError, check_config
@@ -137,7 +137,7 @@ def test_a_patterned_or_partial_rope_run_is_an_arm_of_its_own():
     plain RoPE (analysis.runs.arm_labels, benchmarks/arms.py's arm_label)."""
     from omegaconf import OmegaConf
 
-    from pe_geometry.analysis.runs import arm_labels
+    from pe_geometry.analysis.readers.runs import arm_labels
     from pe_geometry.benchmarks.arms import arm_label
 
     config = {"model": {"layer_pattern": [{}, {}, {}, {"pe": "none"}]}, "pe": {"rotary_fraction": 0.5, "partial_rotary": "p_rope"}}

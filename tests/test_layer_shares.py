@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_geometry.analysis import position_attention as pa
+from pe_geometry.analysis.measures import position_attention as pa
 from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention
 from tests.loops import named
 from tests.test_attention import build, pe_factory

@@ -36,7 +36,7 @@ def test_every_measure_of_the_geometry_module_is_described():
     """A measure without a MEASURES entry would get a bare fallback title in the report."""
     import torch
 
-    from pe_geometry.analysis import geometry as geo
+    from pe_geometry.analysis.measures import geometry as geo
 
     g = torch.Generator().manual_seed(0)
     E, P = torch.randn(60, 16, generator=g), torch.randn(20, 16, generator=g)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pe_geometry.analysis.runs import read_metrics, read_run_rows
+from pe_geometry.analysis.readers.runs import read_metrics, read_run_rows
 from pe_geometry.training.callbacks import ResumableCSVLogger
 
 

@@ -8,8 +8,8 @@ import pytest
 import scipy.linalg
 import torch
 
-from pe_geometry.analysis import geometry as geo
-from pe_geometry.analysis import nulls
+from pe_geometry.analysis.measures import geometry as geo
+from pe_geometry.analysis.measures import nulls
 
 N_WORDS, N_POS, D = 30, 10, 12
 
@@ -325,7 +325,7 @@ def test_the_sign_test_by_hand():
 
 def test_rotation_summary_counts_heads_against_their_null():
     pytest.importorskip("transformers")
-    from pe_geometry.analysis.pretrained import rotation_summary
+    from pe_geometry.analysis.readers.pretrained import rotation_summary
 
     def head(share, median, p, z):
         return {"share": share, "share_null_median": median, "share_null_mean": median, "share_p": p, "share_z": z}

@@ -51,7 +51,8 @@ def test_the_adapter_is_x_transformers_called_directly_with_the_same_weights(fam
     from pe_geometry.model.embedding import TokenEmbedding
 
     torch.manual_seed(0)
-    model = XTransformersLM(V, family, D, H, LAYERS, embedding=_partial(TokenEmbedding, tie_weights=tie)).eval()
+    model = XTransformersLM(V, peer_pe=family, d_model=D, n_heads=H, n_layers=LAYERS,
+                            embedding=_partial(TokenEmbedding, tie_weights=tie)).eval()
     direct = x_transformers.TransformerWrapper(**XTransformersLM.wrapper_kwargs(V, family, D, H, LAYERS, 4 * D, 0.0, "pre",
                                                                                tie)).eval()
     weights = {k.removeprefix("net."): v for k, v in model.state_dict().items()}
@@ -143,8 +144,8 @@ def test_a_bad_peer_pe_is_one_line_naming_the_valid_choices(tmp_path):
     valid = str(FAMILIES).replace("[", r"\[").replace("]", r"\]")
     with pytest.raises(ConfigError, match=rf"^model.peer_pe=alibi2 must be one of {valid}$"):
         check_config(compose_train_config(["model=xtransformers", "model.peer_pe=alibi2"], tmp_path))
-    with pytest.raises(ValueError, match=rf"^model.peer_pe='alibi2'; valid: {valid}$"):
-        XTransformersLM(V, "alibi2")
+    with pytest.raises(ValueError, match=rf"^model.peer_pe=alibi2 must be one of {valid}$"):
+        XTransformersLM(V, peer_pe="alibi2")
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -166,17 +167,17 @@ def test_a_peer_built_with_our_encoding_refuses_it_too():
     """The pipeline's factories, as build_model passes them: the constructor checks what validate checks."""
     from pe_geometry.model.positional import NoPE, RotaryPE
 
-    assert XTransformersLM(V, "alibi", D, H, LAYERS, pe=_partial(NoPE)).peer_pe == "alibi"
+    assert XTransformersLM(V, peer_pe="alibi", d_model=D, n_heads=H, n_layers=LAYERS, pe=_partial(NoPE)).peer_pe == "alibi"
     with pytest.raises(ValueError, match=r"pe=RotaryPE would add ours beside it"):
-        XTransformersLM(V, "alibi", D, H, LAYERS, pe=_partial(RotaryPE, base=500.0))
+        XTransformersLM(V, peer_pe="alibi", d_model=D, n_heads=H, n_layers=LAYERS, pe=_partial(RotaryPE, base=500.0))
 
 
 # -- trained, loaded back, labelled and scored --------------------------------------------------------------------
 def test_a_tiny_peer_run_trains_and_loads_back_with_its_logits_and_validation_loss(tmp_path, tiny_corpus, cache_dir):
     """rope: the family whose FLOPs cannot be counted on the meta device (x-transformers' rotary calls autocast), so
     the run logs tokens/s without them; the text sample is skipped (generation is through our KV cache)."""
-    from pe_geometry.analysis.extrapolation import fixed_target_losses
-    from pe_geometry.analysis.position_attention import NoHookPoints, position_attention_report
+    from pe_geometry.analysis.measures.position_attention import NoHookPoints, position_attention_report
+    from pe_geometry.analysis.readers.extrapolation import fixed_target_losses
     from pe_geometry.training.pipeline import train
     from pe_geometry.training.run_loader import load_trained_run
 

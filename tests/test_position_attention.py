@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from pe_geometry.analysis import position_attention as pa
-from pe_geometry.analysis.attention_split import first_layer_attention_split, recorded_attention
+from pe_geometry.analysis.measures import position_attention as pa
+from pe_geometry.analysis.measures.attention_split import first_layer_attention_split, recorded_attention
 from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention
 from pe_geometry.model.positional import alibi_slopes
 from pe_geometry.model.transformer import record_attention

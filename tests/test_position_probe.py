@@ -9,7 +9,7 @@ from sklearn.model_selection import GroupKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from pe_geometry.analysis.position_probe import PositionProbeSums, label_shuffles, position_probe
+from pe_geometry.analysis.measures.position_probe import PositionProbeSums, label_shuffles, position_probe
 from pe_geometry.model import DecoderLM, NoPE
 from pe_geometry.model.positional import sinusoidal_table
 

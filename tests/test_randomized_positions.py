@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from pe_geometry.analysis.runs import read_run_rows
+from pe_geometry.analysis.readers.runs import read_run_rows
 from pe_geometry.model import DecoderLM, EncoderMLM, ExplicitAttention, SDPAttention
 from pe_geometry.model.positional import RANDOMIZABLE_FAMILIES, alibi_slopes, random_positions, sinusoidal_table
 from pe_geometry.model.transformer import record_attention

@@ -29,7 +29,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pe_geometry.analysis.runs import read_run_rows
+from pe_geometry.analysis.readers.runs import read_run_rows
 from pe_geometry.data.corpus import CorpusError
 from pe_geometry.data.datamodule import EpochShuffleSampler
 from pe_geometry.training.pipeline import build_model, train

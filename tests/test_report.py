@@ -14,8 +14,8 @@ import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from pe_geometry.analysis import geometry as geo
-from pe_geometry.analysis.extrapolation import evaluate_lengths
+from pe_geometry.analysis.measures import geometry as geo
+from pe_geometry.analysis.readers.extrapolation import evaluate_lengths
 from pe_geometry.cli.report import main as report_main
 from pe_geometry.training.validate import ConfigError, check_config
 from tests import forkserver
@@ -266,8 +266,8 @@ def test_report_writes_figures_tables_and_summary(sweep, tmp_path):
 def test_verdict_remeasures_exactly_what_the_callback_measured(sweep):
     """The verdict's final E and P rows are the callback's: its observed figures equal the last logged ones,
     and its 2000-draw null mean agrees with the logged 100-draw one within the Monte-Carlo error."""
-    from pe_geometry.analysis.runs import load_run
-    from pe_geometry.analysis.verdict import VERDICT_FILE, run_null
+    from pe_geometry.analysis.readers.runs import load_run
+    from pe_geometry.analysis.study.verdict import VERDICT_FILE, run_null
 
     run = load_run(_run(sweep, "learned", 0))
     result = run_null(run, n_draws=2000)
@@ -283,7 +283,7 @@ def test_verdict_remeasures_exactly_what_the_callback_measured(sweep):
 
 def test_scaled_embedding_runs_form_their_own_group(tmp_path):
     """Runs that differ only in embedding scale must never be pooled into one mean (their geometry differs)."""
-    from pe_geometry.analysis.runs import find_runs, group_runs
+    from pe_geometry.analysis.readers.runs import find_runs, group_runs
 
     for name, scaled, seed in [("a", False, 0), ("b", False, 1), ("c", True, 0)]:
         run = tmp_path / name
@@ -298,8 +298,8 @@ def test_scaled_embedding_runs_form_their_own_group(tmp_path):
 
 def test_the_setup_of_runs_of_two_widths_names_no_width(tmp_path):
     """A report over runs of different d_model must not pass for one size in the size curve."""
+    from pe_geometry.analysis.readers.runs import find_runs
     from pe_geometry.analysis.report.build import run_setup
-    from pe_geometry.analysis.runs import find_runs
 
     for name, d in (("a", 64), ("b", 128)):
         run = tmp_path / name
@@ -313,7 +313,7 @@ def test_the_setup_of_runs_of_two_widths_names_no_width(tmp_path):
 
 def test_every_control_arm_forms_its_own_group(tmp_path):
     """Runs of different arms must never be pooled; seeds of one arm must be (labels name what is switched)."""
-    from pe_geometry.analysis.runs import find_runs, group_runs
+    from pe_geometry.analysis.readers.runs import find_runs, group_runs
 
     arms = {
         "plain": "", "untied": "embedding: {tie_weights: false}\n", "nodecay": "optimizer: {no_decay_embeddings: true}\n",
@@ -344,8 +344,8 @@ def test_every_control_arm_forms_its_own_group(tmp_path):
 
 def test_pretrained_table_gives_each_trained_group_its_own_chance(tmp_path):
     """Chance depends on each group's d and tables: one shared column once showed the last group's value for all."""
+    from pe_geometry.analysis.readers.runs import Group, Run
     from pe_geometry.analysis.report.markdown import ReportData, pretrained_section
-    from pe_geometry.analysis.runs import Group, Run
 
     def summary(init, end, chance):
         return {"init": {"mean": init, "std": 0.0, "n": 1}, "end": {"mean": end, "std": 0.0, "n": 1},
@@ -592,8 +592,8 @@ def test_reports_of_the_same_runs_differ_only_in_the_generation_line(text_only, 
 def test_a_one_point_loss_curve_is_drawn_with_a_visible_marker(tmp_path, monkeypatch):
     """A short run's validation loss is one point (and so may its training loss be): a line through one point draws
     nothing, so each loss panel must mark its points."""
+    from pe_geometry.analysis.readers.runs import find_runs, group_runs
     from pe_geometry.analysis.report.figures import plot_loss, plot_overview
-    from pe_geometry.analysis.runs import find_runs, group_runs
 
     _fake_run(tmp_path / "run", {"val/loss": {5: 4.9}, "train/loss": {5: 5.1}, "geometry/abs_cos_mean": {0: 0.1, 5: 0.2}})
     groups = group_runs(find_runs(tmp_path / "run"))
@@ -641,7 +641,7 @@ def test_a_run_killed_before_its_end_is_named_not_read_as_finished(sweep, tmp_pa
     import torch
     import yaml
 
-    from pe_geometry.analysis.runs import how_it_ended, load_run
+    from pe_geometry.analysis.readers.runs import how_it_ended, load_run
 
     copy = tmp_path / "sweep"
     shutil.copytree(sweep, copy, ignore=shutil.ignore_patterns("report"))
@@ -670,7 +670,7 @@ def test_the_minilm_analysis_is_computed_once_and_again_only_for_another_checkpo
     """Before: every pe-report of every sweep re-analysed MiniLM (minutes; 675 s on a loaded machine)."""
     import time
 
-    from pe_geometry.analysis import pretrained
+    from pe_geometry.analysis.readers import pretrained
     from pe_geometry.analysis.report import build
 
     model_dir = tmp_path / "model"

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pe_geometry.analysis.runs import read_run_rows
+from pe_geometry.analysis.readers.runs import read_run_rows
 from pe_geometry.training.pipeline import train
 from pe_geometry.training.resume import choice_contradictions, overridden_keys, resumed_config
 from pe_geometry.training.run_folder import stage_resume

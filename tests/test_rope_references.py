@@ -333,12 +333,12 @@ def test_the_rotation_table_follows_dynamic_ntks_base_with_a_partial_rotation():
     (RotaryPE, 128, 4, {"rotary_fraction": 0.1}, r"pe.rotary_fraction=0.1 rotates round\(0.1 x 32\) = 3 of the 32 dims "
                                                  r"of a head \(model.d_model/model.n_heads = 128/4\)"),
     (XPosPE, 32, 2, {"rotary_fraction": 0.05}, r"pe.rotary_fraction=0.05 rotates .* = 1 of the 16 dims.*model.d_model"),
-    (RotaryPE, 32, 2, {"rotary_fraction": 1.5}, r"pe.rotary_fraction=1.5 must be in \(0, 1\]"),
-    (RotaryPE, 32, 2, {"partial_rotary": "gptj"}, r"pe.partial_rotary='gptj'; valid: \['neox', 'p_rope'\]"),
+    (RotaryPE, 32, 2, {"rotary_fraction": 1.5}, r"pe.rotary_fraction=1.5 must be a fraction in \(0, 1\] \(of each head's dims"),
+    (RotaryPE, 32, 2, {"partial_rotary": "gptj"}, r"pe.partial_rotary=gptj must be one of \['neox', 'p_rope'\]"),
     (RotaryPE, 32, 2, {"scaling": "llama3"}, r"pe.scaling=llama3 needs pe.training_length"),
     (RotaryPE, 32, 2, {"scaling": "llama3", "training_length": 64, "low_freq_factor": 4.0, "high_freq_factor": 1.0},
      r"pe.low_freq_factor=4.0 and pe.high_freq_factor=1.0 must satisfy 0 < low < high"),
-    (RotaryPE, 32, 2, {"yarn_ramp": "index"}, r"pe.yarn_ramp='index'; valid: \['turns', 'dims'\]"),
+    (RotaryPE, 32, 2, {"yarn_ramp": "index"}, r"pe.yarn_ramp=index must be one of \['turns', 'dims'\]"),
     (RotaryPE, 32, 2, {"scaling": "ntk", "rotary_fraction": 0.125}, r"pe.scaling=ntk needs >= 4 rotating dims per head"),
 ])
 def test_settings_that_cannot_work_are_one_line_naming_the_key(cls, d_model, n_heads, settings, message):

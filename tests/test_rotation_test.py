@@ -1,4 +1,4 @@
-"""The rotation test (analysis/rotation_test.py, pe-rotation): rotations by hand, and toys whose answer is known by
+"""The rotation test (analysis/study/rotation_test.py, pe-rotation): rotations by hand, and toys whose answer is known by
 construction: a readout that suffers when position writes where words vary most, and one that ignores position."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_geometry.analysis.rotation_test import (
+from pe_geometry.analysis.study.rotation_test import (
     aligning_rotation,
     haar_rotation,
     rotated_input,
@@ -111,7 +111,7 @@ def test_a_run_without_a_table_is_one_error(tmp_path, tiny_corpus, cache_dir, ca
 def test_the_sensitivity_control_reads_a_readout_that_suffers_in_E_top_directions():
     """The toy readout suffers from anything added where words vary most: noise there hurts more than in random
     subspaces (S > 0), and least in E's bottom directions."""
-    from pe_geometry.analysis.rotation_test import sensitivity_test
+    from pe_geometry.analysis.study.rotation_test import sensitivity_test
 
     g = torch.Generator().manual_seed(1)
     d, n_words = 16, 40

@@ -33,7 +33,7 @@ def shipped_nodes() -> list[tuple[Path, str, dict]]:
         if isinstance(node, dict):
             if isinstance(node.get("_target_"), str):
                 found.append((path, group, node))
-            for key, value in node.items():
+            for value in node.values():
                 visit(path, value, group)
 
     for path in sorted(CONFIG_DIR.glob("*/*.yaml")):

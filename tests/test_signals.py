@@ -17,7 +17,7 @@ import pytest
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from pe_geometry.analysis.runs import read_run_rows
+from pe_geometry.analysis.readers.runs import read_run_rows
 from pe_geometry.cli.train import report_stop
 from pe_geometry.training.interrupt import GracefulStop
 from pe_geometry.training.pipeline import train

@@ -1,4 +1,4 @@
-"""The dose-response across widths (analysis/size_curve.py, pe-verdict --by-size): ratios to the null, the trend
+"""The dose-response across widths (analysis/study/size_curve.py, pe-verdict --by-size): ratios to the null, the trend
 fitted through every seed, and the refusals that keep two sizes from being mixed up."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from pe_geometry.analysis.size_curve import size_points, trend
-from pe_geometry.analysis.verdict import combine_seeds
+from pe_geometry.analysis.study.size_curve import size_points, trend
+from pe_geometry.analysis.study.verdict import combine_seeds
 
 SETUP = {"model": "DecoderLM", "n_layers": 2, "n_heads": 4, "seq_len": 64, "batch_size": 32, "max_steps": 1800}
 
@@ -64,7 +64,7 @@ def test_trend_is_the_least_squares_line_through_the_width_means_with_its_t_test
 
 
 def test_trends_are_holm_corrected_together_across_figures_and_arms():
-    from pe_geometry.analysis.size_curve import correct_trends
+    from pe_geometry.analysis.study.size_curve import correct_trends
 
     trends = {("overlap_k8", "learned"): {"p": 0.01}, ("overlap_k8", "sinusoidal"): {"p": 0.04},
               ("abs_cos_mean", "learned"): {"p": 0.03}, ("abs_cos_mean", "sinusoidal"): None}
@@ -98,7 +98,7 @@ def test_reports_of_another_model_layout_are_not_one_curve():
 
 
 def test_the_plotted_line_goes_through_the_mean_the_trend_is_fitted_on():
-    from pe_geometry.analysis.size_curve import geometric_mean
+    from pe_geometry.analysis.study.size_curve import geometric_mean
 
     assert geometric_mean([0.25, 1.0]) == pytest.approx(0.5)  # 2 ** mean(-2, 0), not the arithmetic 0.625
 
@@ -130,7 +130,7 @@ def test_pe_verdict_by_size_prints_the_curve_and_draws_it(tmp_path, capsys):
     folders = [str(tmp_path / f"d{d}") for d in (64, 128, 256)]
     text = main([*folders, "--by-size", "--figures", "overlap_k8", "--plot", str(tmp_path / "curve.png")])
     assert text.splitlines()[2] == (f"Made by `pe-verdict {' '.join(folders)} --by-size --figures overlap_k8 "
-                                    f"--plot {tmp_path / 'curve.png'}` (analysis/size_curve.py).")
+                                    f"--plot {tmp_path / 'curve.png'}` (analysis/study/size_curve.py).")
     rows = [line for line in text.splitlines() if line.startswith("| learned |")]
     assert rows[0].startswith("| learned | 64 | 2 layers, 1800 steps (d64) | 2 | 0.48, 0.56 | 0.52 ± 0.057 | 2/2 |")
     assert rows[1].startswith("| learned | 128 | 2 layers, 1800 steps (d128) | 2 | 0.32, 0.4 |")

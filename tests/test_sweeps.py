@@ -256,7 +256,7 @@ def test_failed_and_killed_submitit_jobs_are_listed_and_the_sweep_exits_1(tmp_pa
 # -- continuing a stopped sweep ------------------------------------------------------------------------------
 def final_values(run: Path) -> dict[str, float]:
     """Each column's last value in the run's joined CSV log (segments of resumes included), throughput aside."""
-    from pe_geometry.analysis.runs import read_run_rows
+    from pe_geometry.analysis.readers.runs import read_run_rows
 
     values: dict[str, float] = {}
     for row in read_run_rows(run):

@@ -1,11 +1,11 @@
-"""Greedy answers (analysis/task_scoring.py) against a decode run by hand, and the passkey's decoys."""
+"""Greedy answers (analysis/readers/task_scoring.py) against a decode run by hand, and the passkey's decoys."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pe_geometry.analysis.task_scoring import answer_span, greedy_answers
+from pe_geometry.analysis.readers.task_scoring import answer_span, greedy_answers
 from pe_geometry.data.tasks import DIGIT_IDS, NEEDLE, TASK_VOCAB, TOKEN_ID, make_batch
 from pe_geometry.model.positional import LearnedPE
 from pe_geometry.model.transformer import DecoderLM
@@ -45,7 +45,7 @@ def test_an_oracle_that_copies_the_answer_scores_one():
 
     oracle = Oracle()
     truth = {tuple(b[:k].tolist()): int(b[k]) for b in batch.blocks for k in range(1, len(b))}
-    import pe_geometry.analysis.task_scoring as scoring
+    import pe_geometry.analysis.readers.task_scoring as scoring
 
     def fake_generate(model, prompt, n, temperature):
         out = prompt

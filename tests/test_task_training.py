@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pe_geometry.analysis.runs import read_run_rows
+from pe_geometry.analysis.readers.runs import read_run_rows
 from pe_geometry.data.task_datamodule import TaskDataModule
 from pe_geometry.model.transformer import DecoderLM
 from pe_geometry.training.pipeline import train

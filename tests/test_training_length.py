@@ -1,4 +1,4 @@
-"""Issue 51's scoring (analysis/training_length.py): the plan is what pe-bench training-length reads, planted answers read as
+"""Issue 51's scoring (analysis/study/training_length.py): the plan is what pe-bench training-length reads, planted answers read as
 planted, the tests by hand, and a test whose runs are missing is reported as not run."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from pe_geometry.analysis.training_length import null_figures, planned_tests, slope_per_seed
+from pe_geometry.analysis.study.training_length import null_figures, planned_tests, slope_per_seed
 from pe_geometry.benchmarks import training_length as driver
 from pe_geometry.cli.bench import main as bench
 from tests.conftest import ROOT

@@ -9,7 +9,7 @@ import math
 import pytest
 from scipy import stats as scipy_stats
 
-from pe_geometry.analysis.verdict import combine_seeds, correct_report, holm, reading
+from pe_geometry.analysis.study.verdict import combine_seeds, correct_report, holm, reading
 
 
 def _arm(label: str, input_figures: dict, hidden: dict | None = None) -> dict:
@@ -170,7 +170,7 @@ def test_a_literal_bar_in_a_cell_does_not_split_the_markdown_table():
 def test_seeds_all_at_their_nulls_p_floor_are_not_called_indistinguishable():
     """The position probe's null has 20 cyclic shifts: no seed can go below 1/21, so three seeds at z > 200 cannot pass
     Holm over 18 tests. The reading says the null was too coarse, not that the figure is at the null."""
-    from pe_geometry.analysis.verdict import correct_report
+    from pe_geometry.analysis.study.verdict import correct_report
 
     floor = 1 / 21
     probe = combine_seeds([0.99, 0.99, 0.99], [0.0, 0.0, 0.0], [floor] * 3, [225.0, 234.0, 242.0], side="greater")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pe_geometry.analysis.runs import read_run_rows
+from pe_geometry.analysis.readers.runs import read_run_rows
 from pe_geometry.training.pipeline import train
 from pe_geometry.training.resume import contradictions, is_fixed_on_resume, overridden_keys
 from pe_geometry.training.validate import ConfigError

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from pe_geometry.analysis import geometry_summary
-from pe_geometry.analysis.probes import frequent_token_ids
+from pe_geometry.analysis.measures.probes import frequent_token_ids
 from pe_geometry.analysis.record import record
 from pe_geometry.files import atomic_write_text
 from pe_geometry.model.transformer import LanguageModel

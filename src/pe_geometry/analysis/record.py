@@ -37,12 +37,12 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from pe_geometry.analysis import geometry as geo
 from pe_geometry.analysis import metric_names as names
-from pe_geometry.analysis import position_attention
-from pe_geometry.analysis.attention_split import first_layer_attention_split, positional_heads
-from pe_geometry.analysis.nulls import _PARALLEL_MACS, _threads, null_summary, rotation_null
-from pe_geometry.analysis.position_probe import PositionProbeSums
+from pe_geometry.analysis.measures import geometry as geo
+from pe_geometry.analysis.measures import position_attention
+from pe_geometry.analysis.measures.attention_split import first_layer_attention_split, positional_heads
+from pe_geometry.analysis.measures.nulls import _PARALLEL_MACS, _threads, null_summary, rotation_null
+from pe_geometry.analysis.measures.position_probe import PositionProbeSums
 from pe_geometry.model.transformer import LanguageModel
 from pe_geometry.settings.training import MEASURES  # what the recorder can measure (its callback's settings say it)
 

@@ -84,7 +84,7 @@ def arm_label(pe: str, config, layers: int | None = None) -> str:
     named = layers is not None and depth != layers and not (pattern and len(pattern) == depth)
     parts = ([f"{depth} layers"] if named else []) + pe_variant(config) + attention_variant(config)
     if pattern:  # a scheme per layer: never pooled with the plain family
-        from pe_geometry.analysis.runs import pattern_label
+        from pe_geometry.analysis.readers.runs import pattern_label
 
         parts.append(pattern_label(pattern))
     return f"{pe} ({', '.join(parts)})" if parts else pe

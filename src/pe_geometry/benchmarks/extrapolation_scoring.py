@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from pe_geometry.analysis.extrapolation import NA, fixed_target_losses
-from pe_geometry.analysis.position_attention import NoHookPoints, position_attention_report
+from pe_geometry.analysis.measures.position_attention import NoHookPoints, position_attention_report
+from pe_geometry.analysis.readers.extrapolation import NA, fixed_target_losses
 from pe_geometry.benchmarks.arms import arm_label
 from pe_geometry.benchmarks.runs import run_dirs
 from pe_geometry.configs import CONFIG_DIR

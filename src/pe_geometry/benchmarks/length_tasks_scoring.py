@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from pe_geometry.analysis.position_attention import position_attention_report
-from pe_geometry.analysis.task_scoring import greedy_answers
+from pe_geometry.analysis.measures.position_attention import position_attention_report
+from pe_geometry.analysis.readers.task_scoring import greedy_answers
 from pe_geometry.benchmarks.arms import arm_label
 from pe_geometry.benchmarks.extrapolation_scoring import summarise_attention
 from pe_geometry.benchmarks.runs import run_dirs
@@ -26,7 +26,7 @@ from pe_geometry.training.run_loader import load_trained_run
 EVAL_STREAM = 2  # the evaluation's seed stream (training batches use 0, validation 1: data/task_datamodule.py)
 TOKENS_PER_FORWARD = 8192  # examples per forward = this // the block's length (bounds an explicit (B, H, T, T) score)
 ATTENTION_EXAMPLES = 64  # examples at the training length that the attention figures read
-# greedy_*: the answer written by greedy decoding (analysis/task_scoring.py), the headline; exact_match and token_accuracy:
+# greedy_*: the answer written by greedy decoding (analysis/readers/task_scoring.py), the headline; exact_match and token_accuracy:
 # teacher-forced (each answer token predicted with the true ones before it), kept beside them
 METRICS = ("greedy_exact_match", "greedy_exact_match_beyond_L", "greedy_first_token", "exact_match", "token_accuracy")
 METRIC_WORDS = {"greedy_exact_match": "exact match, greedy decoding (the headline)",

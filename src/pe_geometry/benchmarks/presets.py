@@ -12,7 +12,7 @@ from statistics import fmean
 import numpy as np
 import torch
 
-from pe_geometry.analysis.position_attention import position_attention_report
+from pe_geometry.analysis.measures.position_attention import position_attention_report
 from pe_geometry.benchmarks.pretrained_report import block0_share
 from pe_geometry.benchmarks.runs import run_dirs
 from pe_geometry.training.run_loader import load_trained_run

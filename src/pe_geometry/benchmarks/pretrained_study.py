@@ -60,7 +60,7 @@ def settings(quick: bool) -> dict:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """``pe-bench pretrained``: each model's record, the band, the presets, table.md."""
     # here, not above: `pe-bench --help` loads neither torch nor transformers
-    from pe_geometry.analysis.pretrained import analyse, quantisation_band
+    from pe_geometry.analysis.readers.pretrained import analyse, quantisation_band
     from pe_geometry.benchmarks.presets import PRESETS, preset_settings, preset_study
     from pe_geometry.benchmarks.pretrained_report import band_markdown, presets_markdown, table
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pe_geometry.analysis.runs import checkpoint_ending
+from pe_geometry.analysis.readers.runs import checkpoint_ending
 
 
 def run_dirs(folders: list[Path], include_unfinished: bool = False) -> list[Path]:

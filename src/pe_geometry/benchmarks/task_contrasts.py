@@ -11,7 +11,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from pe_geometry.analysis.nulls import holm
+from pe_geometry.analysis.measures.nulls import holm
 from pe_geometry.benchmarks.length_tasks_scoring import METRIC_WORDS, METRICS
 
 

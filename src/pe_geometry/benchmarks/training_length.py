@@ -123,7 +123,7 @@ def score(args: argparse.Namespace) -> None:
     with needs_extra("report", "pe-bench training-length score"):  # its tests (scipy) and its figure (matplotlib)
         import matplotlib  # noqa: F401
         import scipy  # noqa: F401
-    from pe_geometry.analysis.training_length import score_experiment
+    from pe_geometry.analysis.study.training_length import score_experiment
 
     score_experiment(args.root, read_plan(args.plan), args.out)
 

@@ -3,7 +3,7 @@
     pe-extrapolate multirun/<date>/<time>/0_decoder-rope-s0   # writes length_extrapolation.json there
     pe-extrapolate RUN [RUN ...] --multipliers 1 2 4 8 --max-batches 8
 
-How the lengths are cut and compared: analysis/extrapolation.py.
+How the lengths are cut and compared: analysis/readers/extrapolation.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pe_geometry.cli import console_script, positive_int
 from pe_geometry.extras import exit_on_missing_extra
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
-    from pe_geometry.analysis.extrapolation import NA, evaluate_lengths
+    from pe_geometry.analysis.readers.extrapolation import NA, evaluate_lengths
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -6,7 +6,7 @@
     pe-pretrained smollm2 --json r.json
     pe-pretrained DIR --series         # a folder of checkpoints (steps of one run, or seeds): each figure's trajectory
 
-The loaders and per-architecture adapters live in analysis/checkpoints.py, the measures in analysis/pretrained.py.
+The loaders and per-architecture adapters live in analysis/readers/checkpoints.py, the measures in analysis/readers/pretrained.py.
 """
 
 import argparse
@@ -53,7 +53,7 @@ def _print_input(r: dict) -> None:
 
 
 def _print_layers(r: dict) -> None:
-    from pe_geometry.analysis.pretrained import heads_against_null
+    from pe_geometry.analysis.readers.pretrained import heads_against_null
 
     w = r["windows"]
     print(f"\n== Per layer ({w['n']} windows of {w['seq_len']} tokens; probe on positions {w['text_positions'][0]}.."
@@ -157,15 +157,15 @@ def main(argv: list[str] | None = None) -> dict:
     with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
         import torch
 
-        from pe_geometry.analysis.checkpoints import load
+        from pe_geometry.analysis.readers.checkpoints import load
         from pe_geometry.training.threads import choose_threads
 
         threads, why = choose_threads(torch.get_num_threads())  # as pe-train: the cores idle now, unless told
         torch.set_num_threads(threads)
-        from pe_geometry.analysis.pretrained import analyse
+        from pe_geometry.analysis.readers.pretrained import analyse
 
         if args.series:
-            from pe_geometry.analysis.pretrained import series, series_members
+            from pe_geometry.analysis.readers.pretrained import series, series_members
 
             try:  # not a folder of checkpoints, a member that cannot be read, mixed models: one line
                 series_members(Path(args.model_dir or args.model))
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"error: {err}") from None
         results["timings"] |= {"load_s": loading, "total_s": results["timings"]["total_s"] + loading}
         if loaded.quantisation and not args.no_band:  # a 4-bit file: how far that moves each kind of figure
-            from pe_geometry.analysis.pretrained import quantisation_band
+            from pe_geometry.analysis.readers.pretrained import quantisation_band
 
             step = time.perf_counter()
             results["quantisation_band"] = quantisation_band({"file": loaded.quantisation}, **settings)["by_kind"]

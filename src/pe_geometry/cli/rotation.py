@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(choose_threads(torch.get_num_threads())[0])
     with exit_on_missing_extra():
-        from pe_geometry.analysis import rotation_test
+        from pe_geometry.analysis.study import rotation_test
 
     source = Path(args.source)
     ours = source.is_dir() and (source / "checkpoints").is_dir() or source.suffix == ".ckpt"

@@ -9,14 +9,14 @@
 
 Reads each report's summary.json (written by pe-report) and prints one set of markdown
 tables, a block of rows per report, in the order given. Each report is its own family for
-the Holm correction (analysis/verdict.py), recomputed here from its Fisher p's, so an older
+the Holm correction (analysis/study/verdict.py), recomputed here from its Fisher p's, so an older
 summary.json reads under the same rule. With --update-report, instead of a table, each
 report's verdict section is rewritten in place and the rest of report.md kept byte for byte
 (the run folders behind a committed report need not be on the machine). With --by-size the
 reports are sizes of one study: each arm (matched by label) gets its measured / null ratio
 per seed at each width and a fitted trend per doubling of d_model on the width means, Holm-corrected over
-figures x arms (analysis/size_curve.py). With --contrast ARM, each other arm of the report is read against
-ARM: how far each input figure moved from step 0 to the end, paired by seed (analysis/control_contrast.py).
+figures x arms (analysis/study/size_curve.py). With --contrast ARM, each other arm of the report is read against
+ARM: how far each input figure moved from step 0 to the end, paired by seed (analysis/study/control_contrast.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from pe_geometry.extras import exit_on_missing_extra
 from pe_geometry.files import atomic_write_text
 
 with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
-    from pe_geometry.analysis.control_contrast import contrast
     from pe_geometry.analysis.report.figures import plot_size_curve
     from pe_geometry.analysis.report.markdown import (
         compact_verdict_table,
@@ -42,8 +41,9 @@ with exit_on_missing_extra():  # a missing extra: one error line naming it, exit
         verdict_markdown,
         verdict_tables,
     )
-    from pe_geometry.analysis.size_curve import correct_trends, size_points, trend
-    from pe_geometry.analysis.verdict import INPUT_FIGURES, SCALED_K_FIGURES, correct_report
+    from pe_geometry.analysis.study.control_contrast import contrast
+    from pe_geometry.analysis.study.size_curve import correct_trends, size_points, trend
+    from pe_geometry.analysis.study.verdict import INPUT_FIGURES, SCALED_K_FIGURES, correct_report
 
 # The size curve reads a ratio to the null where below 1 means separated: the angle separates upwards, so it is left out.
 # The k = d/8 figures are in a report made since they existed (its runs' verdict.json are recomputed on the next pe-report).
@@ -140,7 +140,7 @@ def by_size(parser: argparse.ArgumentParser, summaries: list[tuple[str, dict]], 
         parser.error(f"--by-size reads a ratio where below 1 is separated; {', '.join(wrong)} "
                      f"{'is' if len(wrong) == 1 else 'are'} not one of: {', '.join(SIZE_FIGURES)}")
     titles = {f: t for f, t, _ in INPUT_FIGURES + SCALED_K_FIGURES}
-    lines, panels = ["# The dose-response across widths", "", f"Made by `{command}` (analysis/size_curve.py).", ""], []
+    lines, panels = ["# The dose-response across widths", "", f"Made by `{command}` (analysis/study/size_curve.py).", ""], []
     every: dict[str, dict] = {}
     for figure in figures:
         try:

@@ -83,7 +83,7 @@ class XTransformersLM(nn.Module):
 
     Settings = PeerSettings
 
-    def __init__(self, vocab_size: int, pe: Any = None, embedding: Any = None, attention: Any = None,
+    def __init__(self, vocab_size: int, *, pe: Any = None, embedding: Any = None, attention: Any = None,
                  **settings: Any) -> None:
         """``pe``, ``embedding``, ``attention``: the factories our pipeline builds from those groups (None: as if
         pe=none, embedding=plain, attention=sdpa); ``check_parts`` refuses any that x-transformers would not honour.

@@ -15,11 +15,11 @@ Reads every run below the given directory (a run = a folder with ``config.yaml``
   dashed line (and ``_random`` / ``_shuffled`` baselines, dotted / dash-dot);
 - ``loss.png`` (training loss, smoothed, and validation loss), ``overview.png``,
   ``extrapolation.png`` (validation loss on 1x, 2x, 4x seq_len blocks);
-- ``report.md``: first the verdict (analysis/verdict.py: each arm's headline figures of the final
+- ``report.md``: first the verdict (analysis/study/verdict.py: each arm's headline figures of the final
   weights against a 2000-draw spectra-keeping null, p per seed, effect ± seed spread), then a table
   per measure (init mean +- std, end mean +- std, chance, seeds),
   validation loss, length extrapolation, and the pretrained MiniLM checkpoint's figures
-  (analysis/pretrained.py) beside the trained models' input-level figures;
+  (analysis/readers/pretrained.py) beside the trained models' input-level figures;
 - ``summary.json``: every number in the tables.
 
 Both name the runs by their run names and their folders relative to the folder given, and hold the
@@ -37,12 +37,9 @@ import os
 import shlex
 from pathlib import Path
 
+from pe_geometry.analysis.measures.nulls import REPORT_DRAWS
 from pe_geometry.analysis.metric_names import TRAIN_LOSS, VAL_LOSS
-from pe_geometry.analysis.nulls import REPORT_DRAWS
-from pe_geometry.analysis.report.figures import figure_name, plot_extrapolation, plot_family, plot_loss, plot_overview
-from pe_geometry.analysis.report.markdown import ReportData, write_markdown
-from pe_geometry.analysis.report.tables import NA
-from pe_geometry.analysis.runs import (
+from pe_geometry.analysis.readers.runs import (
     EXTRAPOLATION_FILE,
     Group,
     Run,
@@ -55,7 +52,10 @@ from pe_geometry.analysis.runs import (
     measure_summary,
     stats,
 )
-from pe_geometry.analysis.verdict import CHECKPOINTS, checkpoint_at, correct_report, group_verdict, verdict_file
+from pe_geometry.analysis.report.figures import figure_name, plot_extrapolation, plot_family, plot_loss, plot_overview
+from pe_geometry.analysis.report.markdown import ReportData, write_markdown
+from pe_geometry.analysis.report.tables import NA
+from pe_geometry.analysis.study.verdict import CHECKPOINTS, checkpoint_at, correct_report, group_verdict, verdict_file
 from pe_geometry.files import atomic_write_text
 
 log = logging.getLogger("report")
@@ -79,7 +79,7 @@ def run_extrapolation(runs: list[Run], multipliers: list[int], max_batches: int,
         if not ckpt.is_file():
             log.warning("%s: no checkpoints/last.ckpt, no length extrapolation", run.path)
             continue
-        from pe_geometry.analysis.extrapolation import evaluate_lengths  # torch + the model code: only when needed
+        from pe_geometry.analysis.readers.extrapolation import evaluate_lengths  # torch + the model code: only when needed
 
         try:
             log.info("length extrapolation: %s", run.path.name)
@@ -168,7 +168,7 @@ def check_checkpoints_at(runs: list[Run], at: str, compute: bool) -> None:
         shown = ", ".join(str(p) for p in missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise SystemExit(f"error: --at {at}: no checkpoints/{CHECKPOINTS[at]} in {shown}. A run keeps one with "
                          "callbacks.best_checkpoint (as experiment=dose_response_d256 does); for a run that kept step "
-                         "checkpoints, `python -m pe_geometry.analysis.best_checkpoint RUN` chooses it after training")
+                         "checkpoints, `python -m pe_geometry.analysis.readers.best_checkpoint RUN` chooses it after training")
 
 
 def regenerate_commands(runs: list[Run], source: Path, name: str, pe_report: str) -> list[str]:
@@ -194,7 +194,7 @@ def run_setup(runs: list[Run]) -> dict:
             "batch_size": field("data", "batch_size"), "max_steps": field("trainer", "max_steps")}
 
 
-PRETRAINED_ANALYSIS_VERSION = 3  # bump when analysis/pretrained.py changes what analyse() returns
+PRETRAINED_ANALYSIS_VERSION = 3  # bump when analysis/readers/pretrained.py changes what analyse() returns
 
 
 def pretrained_cache_file() -> Path | None:
@@ -203,7 +203,7 @@ def pretrained_cache_file() -> Path | None:
     checkpoint or analysis is computed afresh. None when the checkpoint is not installed."""
     import hashlib
 
-    from pe_geometry.analysis.pretrained import default_model_dir
+    from pe_geometry.analysis.readers.pretrained import default_model_dir
 
     try:
         model_dir = default_model_dir()
@@ -230,9 +230,9 @@ def load_pretrained(path: Path | None, out_dir: Path) -> tuple[dict | None, str]
         except (OSError, ValueError) as err:  # a damaged cache file: compute it again
             log.warning("%s: unreadable (%s), computing the MiniLM analysis again", cache, err)
     try:
-        from pe_geometry.analysis.pretrained import analyse
+        from pe_geometry.analysis.readers.pretrained import analyse
 
-        log.info("analysing the pretrained MiniLM checkpoint (analysis/pretrained.py; kept for later reports)")
+        log.info("analysing the pretrained MiniLM checkpoint (analysis/readers/pretrained.py; kept for later reports)")
         results = analyse()
     except Exception as err:  # the report stays useful without it
         log.warning("pretrained analysis unavailable (%s: %s)", type(err).__name__, err)

@@ -24,9 +24,9 @@ from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from pe_geometry.analysis import metric_names as names  # noqa: E402
 from pe_geometry.analysis.metric_names import COMPANIONS, TRAIN_LOSS, VAL_LOSS, MetricName  # noqa: E402
+from pe_geometry.analysis.readers.runs import Group, aggregate, n_layers_of  # noqa: E402
 from pe_geometry.analysis.report.tables import NA, fmt  # noqa: E402
-from pe_geometry.analysis.runs import Group, aggregate, n_layers_of  # noqa: E402
-from pe_geometry.analysis.size_curve import geometric_mean  # noqa: E402
+from pe_geometry.analysis.study.size_curve import geometric_mean  # noqa: E402
 
 STYLE = {
     "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,

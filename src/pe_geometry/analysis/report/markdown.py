@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from pe_geometry.analysis import metric_names as names
-from pe_geometry.analysis import verdict
 from pe_geometry.analysis.metric_names import MetricName
+from pe_geometry.analysis.readers.runs import Group, Run, n_layers_of, stats
 from pe_geometry.analysis.report.figures import figure_name
 from pe_geometry.analysis.report.tables import NA, count, fmt, fmt_stats, md_table, measure_rows, seed_list
-from pe_geometry.analysis.runs import Group, Run, n_layers_of, stats
+from pe_geometry.analysis.study import verdict
 
 PRETRAINED_INPUT_ROWS = ["cos_mean", "cos_std", "abs_cos_mean", "abs_cos_over_chance", "angle_mean_deg", "angle_std_deg",
                          "overlap_k8", "overlap_var90", "angle_mean_k8_deg", "erank_E", "erank_P", "norm_ratio_p_over_e"]
@@ -276,7 +276,7 @@ def size_curve_table(curves: dict, trends: dict) -> list[str]:
 
 
 def contrast_table(rows: list[dict], reference: str) -> list[str]:
-    """analysis/control_contrast.py's rows: each control arm's change of a figure from step 0 to the end beside the
+    """analysis/study/control_contrast.py's rows: each control arm's change of a figure from step 0 to the end beside the
     reference arm's, and their difference paired by seed."""
     titles = {f: t for f, t, _ in verdict.INPUT_FIGURES}
     header = ["arm", "figure", "seeds", "step 0 (ref. / arm)", f"change, {reference}", "change, arm",

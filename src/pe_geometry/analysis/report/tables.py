@@ -6,7 +6,7 @@ import math
 import re
 
 from pe_geometry.analysis.metric_names import COMPANIONS, MetricName
-from pe_geometry.analysis.runs import Group
+from pe_geometry.analysis.readers.runs import Group
 
 NA = "n/a"  # what analysis.extrapolation writes for a length a model cannot take
 

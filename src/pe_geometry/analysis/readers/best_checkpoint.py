@@ -7,7 +7,7 @@ step checkpoints: this module validates each of them exactly as training validat
 the rule ``EarlyStopping`` applies (the lowest val/loss, until ``patience`` validations in a row fail to improve on it)
 and writes that checkpoint as ``checkpoints/best.ckpt``, with every validation in ``best_checkpoint.json``:
 
-    python -m pe_geometry.analysis.best_checkpoint RUN [RUN ...] [--patience 3]
+    python -m pe_geometry.analysis.readers.best_checkpoint RUN [RUN ...] [--patience 3]
 
 Where training logged val/loss at a checkpoint's step, the two numbers are compared and the file records the largest
 difference: a decoder's validation is deterministic, so it is ~0. A masked-LM's masks are drawn afresh, so its
@@ -25,7 +25,7 @@ import lightning as L
 import torch
 
 from pe_geometry.analysis.metric_names import VAL_LOSS
-from pe_geometry.analysis.runs import load_run
+from pe_geometry.analysis.readers.runs import load_run
 from pe_geometry.files import atomic_write_bytes, atomic_write_text
 from pe_geometry.training.checkpoint_io import RunLoadError, read_checkpoint_file, step_checkpoints
 from pe_geometry.training.run_loader import load_trained_run, load_weights

@@ -30,8 +30,8 @@ from pe_geometry.extras import needs_extra
 with needs_extra("report", "the size curve"):
     from scipy import stats as scipy_stats
 
-from pe_geometry.analysis.nulls import holm
-from pe_geometry.analysis.verdict import SIGNIFICANCE
+from pe_geometry.analysis.measures.nulls import holm
+from pe_geometry.analysis.study.verdict import SIGNIFICANCE
 
 
 @dataclass

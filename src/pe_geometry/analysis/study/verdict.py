@@ -46,8 +46,8 @@ with needs_extra("report", "the verdict"):
     from scipy import stats as scipy_stats
 
 from pe_geometry.analysis import metric_names as names
-from pe_geometry.analysis.nulls import REPORT_DRAWS, holm
-from pe_geometry.analysis.runs import Group, Run, n_layers_of, stats
+from pe_geometry.analysis.measures.nulls import REPORT_DRAWS, holm
+from pe_geometry.analysis.readers.runs import Group, Run, n_layers_of, stats
 from pe_geometry.files import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def final_input_rows(run_dir: Path, checkpoint: Path | None = None, words_withou
         if any(i is None for i in ids):
             raise ValueError(f"{rule_path}: a token is not in the rebuilt tokenizer's vocabulary")
     else:  # an older run: the callback's rule, recomputed
-        from pe_geometry.analysis.probes import frequent_token_ids
+        from pe_geometry.analysis.measures.probes import frequent_token_ids
 
         specials = [datamodule.tokenizer.token_to_id(t) for t in ("<unk>", "<mask>", "<eos>")]
         ids, _ = frequent_token_ids(datamodule.streams["train"], datamodule.vocab_size, 1000, specials)
@@ -118,7 +118,7 @@ def final_input_rows(run_dir: Path, checkpoint: Path | None = None, words_withou
 
 def scaled_k_figures(E, P, n_draws: int) -> dict[str, float]:
     """rotation_null's top-k figures at k = d_model / SCALED_K_DIVISOR, named ``..._kd8`` (SCALED_K_FIGURES)."""
-    from pe_geometry.analysis.nulls import rotation_null
+    from pe_geometry.analysis.measures.nulls import rotation_null
 
     k = max(1, E.shape[1] // SCALED_K_DIVISOR)
     figures = rotation_null(E, P, n_draws=n_draws, seed=0, fixed_k=k)
@@ -129,7 +129,7 @@ def scaled_k_figures(E, P, n_draws: int) -> dict[str, float]:
 def run_null(run: Run, n_draws: int = REPORT_DRAWS, compute: bool = True, at: str = "last") -> dict | None:
     """The input figures of a run's final (``at="best"``: best-validation) weights with an n_draws null, at k = 8
     ("figures") and k = d_model / 8 ("figures_kd8"); cached in <run>/verdict.json (verdict_best.json)."""
-    from pe_geometry.analysis.nulls import rotation_null
+    from pe_geometry.analysis.measures.nulls import rotation_null
 
     path, ckpt = run.path / verdict_file(at), checkpoint_at(run.path, at)
     if path.is_file():

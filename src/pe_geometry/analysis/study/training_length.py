@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pe_geometry.analysis.nulls import holm
+from pe_geometry.analysis.measures.nulls import holm
 from pe_geometry.files import atomic_write_text
 
 DRAWS = 2000
@@ -56,7 +56,7 @@ def finished(run: Path, length: int) -> bool:
 
 
 def input_rows(run: Path):
-    from pe_geometry.analysis.verdict import final_input_rows
+    from pe_geometry.analysis.study.verdict import final_input_rows
 
     E, P, _ = final_input_rows(run, words_without_table=True)
     return E, P
@@ -64,7 +64,7 @@ def input_rows(run: Path):
 
 def null_figures(E, P, draws: int = DRAWS) -> dict:
     """rotation_null's figures with each figure's ratio to its null mean (``<figure>_ratio``)."""
-    from pe_geometry.analysis.nulls import rotation_null
+    from pe_geometry.analysis.measures.nulls import rotation_null
 
     out = rotation_null(E, P, n_draws=draws, seed=0, fixed_k=8)
     for name in ("overlap_k8", "var_share_P_in_E_k8", "abs_cos_mean"):
@@ -81,7 +81,7 @@ def cell_figures(run: Path, draws: int = DRAWS) -> dict:
         cached = json.loads(cache.read_text())
         if cached.get("draws") == draws:
             return cached
-    from pe_geometry.analysis.runs import read_run_rows
+    from pe_geometry.analysis.readers.runs import read_run_rows
 
     E, P = input_rows(run)
     result: dict = {"draws": draws, "step": last_step(run)}
@@ -100,7 +100,7 @@ def cross_reads(root: Path, depth: int, arm: str, seed: int, longest: int, draws
     run they need did not finish."""
     import torch
 
-    from pe_geometry.analysis.rotation_test import haar_rotation
+    from pe_geometry.analysis.study.rotation_test import haar_rotation
 
     here = run_dir(root, depth, arm, seed, longest, longest)
     out: dict = {}
@@ -251,7 +251,7 @@ def _reading(row: dict, alpha: float) -> str:
 def score_experiment(root: Path, plan: dict, out: Path, rotation_runs: bool = True) -> dict:
     """Read every run the plan names that finished, run the plan's tests, write results.json, report.md and
     figures.png into ``out``."""
-    from pe_geometry.analysis.rotation_test import pretrained_rotation_test, run_rotation_test
+    from pe_geometry.analysis.study.rotation_test import pretrained_rotation_test, run_rotation_test
 
     root, out = Path(root), Path(out)
     lengths, longest, seeds = sorted(plan["lengths"]), max(plan["lengths"]), plan["seeds"]
@@ -312,7 +312,7 @@ def score_experiment(root: Path, plan: dict, out: Path, rotation_runs: bool = Tr
 def trunk_curves(root: Path, plan: dict) -> list[dict]:
     """Each trunk's logged geometry series (the callback's: value, null mean and sd every 100 steps) of the plan's
     figures, then each branch's, so a curve shows every length's decay."""
-    from pe_geometry.analysis.runs import read_run_rows
+    from pe_geometry.analysis.readers.runs import read_run_rows
 
     longest = max(plan["lengths"])
     names = [plan["figure"], *plan["secondary_figures"]]

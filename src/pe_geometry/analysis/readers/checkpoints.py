@@ -134,7 +134,7 @@ class Loaded:
 
 
 def _gguf_types(path: Path) -> dict:
-    from pe_geometry.analysis.quantisation import file_scheme  # noqa: PLC0415  (only for GGUF files)
+    from pe_geometry.analysis.readers.quantisation import file_scheme  # noqa: PLC0415  (only for GGUF files)
 
     return file_scheme(path)
 

@@ -44,7 +44,7 @@ import torch
 from sklearn.model_selection import GroupKFold
 from torch import Tensor
 
-from pe_geometry.analysis.nulls import null_summary
+from pe_geometry.analysis.measures.nulls import null_summary
 
 ALPHAS = tuple(float(a) for a in np.logspace(-2, 6, 9))  # for z-scored features; N rows ~ 1e4
 TARGETS = {"position": lambda t: t, "log_position": np.log1p}

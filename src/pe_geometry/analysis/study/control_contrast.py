@@ -9,7 +9,7 @@ rows that say nothing about position (rows shuffled per sequence). The reading i
 
 Per control arm and figure: the reference's change, the arm's change, their paired difference (mean, sd), a
 two-sided one-sample t-test of the differences against 0 (seeds - 1 degrees of freedom), and Holm over every
-arm x figure of the table (``holm`` from analysis/verdict.py).
+arm x figure of the table (``holm`` from analysis/study/verdict.py).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from pe_geometry.extras import needs_extra
 with needs_extra("report", "the control contrast"):
     from scipy import stats as scipy_stats
 
-from pe_geometry.analysis.nulls import holm
-from pe_geometry.analysis.runs import stats
+from pe_geometry.analysis.measures.nulls import holm
+from pe_geometry.analysis.readers.runs import stats
 
 
 def changes(verdict: dict, figure: str) -> dict[int, tuple[float, float]]:
-    """{seed: (step-0 value, end value)} of one arm's figure (a verdict of analysis/verdict.py with run_seeds and
+    """{seed: (step-0 value, end value)} of one arm's figure (a verdict of analysis/study/verdict.py with run_seeds and
     init_per_seed); seeds without a logged step 0 are left out."""
     f = (verdict.get("input") or {}).get(figure)
     if not f or "run_seeds" not in f or "init_per_seed" not in f:

@@ -39,7 +39,7 @@ import math
 import torch
 from torch import Tensor
 
-from pe_geometry.analysis.attention_split import (
+from pe_geometry.analysis.measures.attention_split import (
     _total_gap,
     analysis_rng,
     check_total,
@@ -297,7 +297,7 @@ def position_attention_report(model: LanguageModel, idx: Tensor, n_draws: int = 
 
 def _family(pe) -> str:
     """An encoding's family in the config's words (RotaryPE -> rope: the option whose _target_ names its class)."""
-    from pe_geometry.analysis.runs import _option_targets
+    from pe_geometry.analysis.readers.runs import _option_targets
 
     names = {target.rsplit(".", 1)[-1]: option for target, option in _option_targets("pe").items()}
     return names.get(type(pe).__name__, type(pe).__name__)

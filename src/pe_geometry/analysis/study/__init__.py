@@ -1,0 +1,1 @@
+"""The study's verdicts: arms against nulls, controls and sizes, and the planned experiments' tests."""
