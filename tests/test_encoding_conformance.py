@@ -5,8 +5,9 @@ with no edit) and the variants that take another path through the code (partial 
 scaling, partial xPos, FoX with a rotation, FIRE past its threshold, per-layer patterns). A new option gets every check
 by adding one ``Case`` line. Each property is one test of ``TestEveryEncoding``, parametrised by case; inside it the
 layouts (decoder, encoder, encoder-decoder), the two attention kernels and the attention variants (grouped-query,
-multi-query, QK-norm, a window, log-length scaling, all at once) are looped over. The models are built once per module
-(the ``models`` fixture), every weight away from its init (``perturbed``) so a misplaced position shows in the logits.
+multi-query, QK-norm, a window, log-length scaling, all at once) are looped over (``Properties.combos``). The models are
+built once per module (the ``models`` fixture), every weight away from its init (``perturbed``) so a misplaced position
+shows in the logits.
 
 The properties (what each test asserts, for each case, in every layout the case can take):
 
@@ -31,13 +32,15 @@ The properties (what each test asserts, for each case, in every layout the case 
   drawn ids 0..T-1: the plain training pass) by a family that reads position ids, refused in one line by the others;
 - ``option``: a variant loads the weights of its plain family (a scaling changes no weight) and changes the logits.
 
-The fast loop runs each case under the plain attention and one variant (each variant for some case); the slow class
-``TestEveryEncodingUnderTheOtherVariants`` runs the variant-dependent properties under the rest.
+The fast loop checks every property of every case in one layout and one kernel, under the plain attention and one
+variant (across the cases, every layout, kernel and variant); ``test_every_other_combination`` (slow: the whole suite)
+checks each case's other combinations. A property that does not apply to a case is skipped with its reason.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -45,12 +48,13 @@ from functools import cached_property, partial
 import pytest
 import torch
 
-from pe_geometry.analysis import position_attention as pa
-from pe_geometry.analysis.attention_split import TERMS, first_layer_attention_split, first_layer_terms, term_shares
+from pe_geometry.analysis.measures import position_attention as pa
+from pe_geometry.analysis.measures.attention_split import TERMS, first_layer_attention_split, first_layer_terms, term_shares
 from pe_geometry.model import DecoderLM, EncoderDecoder, EncoderMLM, ExplicitAttention, KVCache, NoPE, SDPAttention
 from pe_geometry.model.sampling import Decoding, generate
 from pe_geometry.model.transformer import ATTENTION_POINTS, record_attention
 from tests.conftest import PE_TYPES
+from tests.loops import named
 from tests.test_attention import live, pe_factory
 from tests.test_attention_record import from_points, recorded
 from tests.test_generate import incremental_logits
@@ -166,6 +170,7 @@ assert len(set(IDS)) == len(IDS), "two cases with one id"
 # the attention variant each case takes in the fast loop besides the plain attention: every variant for some case
 OTHER_VARIANTS = [name for name in VARIANTS if name != "plain"]
 FAST_VARIANT = {case.id: OTHER_VARIANTS[i % len(OTHER_VARIANTS)] for i, case in enumerate(CASES)}
+INDEX = {case.id: i for i, case in enumerate(CASES)}
 
 
 def tokens(B: int = 2, length: int = T, seed: int = 1) -> torch.Tensor:
@@ -224,100 +229,128 @@ def block_family(case: Case, block) -> str:
     return "none" if isinstance(block.attn.pe, NoPE) else case.pe
 
 
-class VariantProperties:
-    """The properties that depend on the attention variant; ``variants(case)`` says which ones a class checks."""
+def not_applicable(reason: str) -> None:
+    pytest.skip(reason)
 
-    @staticmethod
-    def variants(case: Case) -> list[str]:
-        raise NotImplementedError
+
+class Properties:
+    """Each property checks the combinations of layout, kernel and attention variant ``combos`` hands it: in the fast
+    loop (``fast``) one layout and one kernel per case under the plain attention and one variant (across the cases every
+    layout, kernel and variant is checked), in the whole suite (``test_every_other_combination``) all the others."""
+
+    fast = True
+
+    def combos(self, case: Case, among: tuple = tuple(LAYOUTS), kernels: tuple = tuple(KERNELS),
+               variants: tuple = tuple(VARIANTS)) -> list[tuple[str, str | None, str]]:
+        """(layout, kernel, variant) of this class's share; ``kernels=(None,)``: a property comparing both kernels."""
+        layouts, i = case.layouts(*among), INDEX[case.id]
+        if not layouts:
+            return []
+        layout = layouts[i % len(layouts)]
+        kernel = kernels[(i // 2) % len(kernels)]
+        fast_variants = {"plain", FAST_VARIANT[case.id]}
+        return [combo for combo in itertools.product(layouts, kernels, variants)
+                if (combo[0] == layout and combo[1] == kernel and combo[2] in fast_variants) == self.fast]
 
     def test_kernels(self, case, models):
         idx = tokens()
-        for layout in case.layouts():
-            for variant in self.variants(case):
-                explicit, fused = models.pair(case, layout, variant)
-                error = (logits(explicit, idx) - logits(fused, idx)).abs().max().item()
-                assert error <= tolerance(variant), (layout, variant, error)
+        for layout, _, variant in self.combos(case, kernels=(None,)):
+            explicit, fused = models.pair(case, layout, variant)
+            error = (logits(explicit, idx) - logits(fused, idx)).abs().max().item()
+            assert error <= tolerance(variant), (layout, variant, error)
 
     def test_causal(self, case, models):
         idx = tokens()
-        changed = idx.clone()
+        changed, first = idx.clone(), idx.clone()
         changed[:, 12:] = (changed[:, 12:] + 7) % V
-        for variant in self.variants(case):
-            for model in models.pair(case, "decoder", variant):
+        first[:, -1] = (first[:, -1] + 1) % V
+        for layout, kernel, variant in self.combos(case, among=("decoder", "encoder")):
+            model = models.pair(case, layout, variant)[list(KERNELS).index(kernel)]
+            if layout == "decoder":
                 before, after = logits(model, idx), logits(model, changed)
-                assert torch.equal(before[:, :12], after[:, :12]), variant
-                assert not torch.allclose(before[:, 12:], after[:, 12:]), variant
-        if "encoder" in case.layouts():
-            first = idx.clone()
-            first[:, -1] = (first[:, -1] + 1) % V
-            for variant in self.variants(case):
-                encoder = models.pair(case, "encoder", variant)[1]
-                window = VARIANTS[variant].get("window")
-                if window is None:  # (a window hides the last token from the first)
-                    assert not torch.allclose(logits(encoder, idx)[:, 0], logits(encoder, first)[:, 0]), variant
+                assert torch.equal(before[:, :12], after[:, :12]), (kernel, variant)
+                assert not torch.allclose(before[:, 12:], after[:, 12:]), (kernel, variant)
+            elif VARIANTS[variant].get("window") is None:  # (a window hides the last token from the first)
+                assert not torch.allclose(logits(model, idx)[:, 0], logits(model, first)[:, 0]), (kernel, variant)
 
     def test_cached(self, case, models):
         """Exact through the cache where the encoding says its cached keys stay exact (dynamic NTK past its training
         length changes every key's base: generation re-encodes, so only the generated text is compared there)."""
         idx = tokens()
-        for layout in case.layouts("decoder", "encoder_decoder"):
-            for variant in self.variants(case):
-                for kernel, model in zip(KERNELS, models.pair(case, layout, variant)):
-                    src = idx[:, :7] if layout == "encoder_decoder" else None
-                    stack = model.decoder
-                    with torch.no_grad():
-                        if stack.cache_stays_exact(T):
-                            error = (incremental_logits(model, idx, src) - logits(model, idx)).abs().max().item()
-                            assert error <= tolerance(variant), (layout, variant, kernel, error)
-                    if kernel == "sdpa" and variant in ("plain", "all"):  # the text through generate's own cache
-                        # (sized once, re-encoding where keys go stale); an encoder-decoder's source: the prompt but its last token
-                        cached = generate(model, idx[:, :6], 14, temperature=0)
-                        assert torch.equal(cached, generate(model, idx[:, :6], 14, temperature=0, use_cache=False)), layout
+        for layout, kernel, variant in self.combos(case, among=("decoder", "encoder_decoder")):
+            model = models.pair(case, layout, variant)[list(KERNELS).index(kernel)]
+            src = idx[:, :7] if layout == "encoder_decoder" else None
+            with torch.no_grad():
+                if model.decoder.cache_stays_exact(T):
+                    error = (incremental_logits(model, idx, src) - logits(model, idx)).abs().max().item()
+                    assert error <= tolerance(variant), (layout, kernel, variant, error)
+            if variant in ("plain", "all"):  # the text through generate's own cache (sized once, re-encoding where keys
+                # go stale); an encoder-decoder's source: the prompt but its last token
+                cached = generate(model, idx[:, :6], 14, temperature=0)
+                uncached = generate(model, idx[:, :6], 14, temperature=0, use_cache=False)
+                assert torch.equal(cached, uncached), (layout, kernel, variant)
+
+    def test_windowed(self, case, models):
+        """At every step, before and after the window starts to slide, the cached logits are those of a full pass
+        over the last 8 tokens (the encoder-decoder: its last source window and decoder window); a prompt shorter and
+        one longer than the window."""
+        context, g = 8, torch.Generator().manual_seed(5)
+        for layout, kernel, _ in self.combos(case, among=("decoder", "encoder_decoder"), variants=("plain",)):
+            model = models.pair(case, layout)[list(KERNELS).index(kernel)]
+            source_window = model.source_len(context) if layout == "encoder_decoder" else None
+            decoder_window = context - source_window if source_window else context
+            for prompt_len in (3, 13):
+                decoding = Decoding(model, tokens(length=prompt_len, seed=4), context=context, use_cache=True)
+                with torch.no_grad():
+                    for step in range(14):
+                        window = decoding.tokens[:, -decoder_window:]
+                        if source_window:
+                            expected = model(decoding.source[:, -source_window:], window)[:, -1]
+                        else:
+                            expected = model(window)[:, -1]
+                        error = (decoding.logits() - expected).abs().max().item()
+                        assert error <= 1e-5, (layout, kernel, prompt_len, step, error)
+                        decoding.append(torch.randint(2, V, (2, 1), generator=g))
 
     def test_recorded(self, case, models):
         idx = tokens(length=12)
-        for layout in case.layouts("decoder", "encoder"):
-            for variant in self.variants(case):
-                explicit, fused = models.pair(case, layout, variant)
-                causal = explicit.input_stack.causal
-                ours, theirs = recorded(explicit, idx), recorded(fused, idx)
-                for i, block in enumerate(explicit.blocks):
-                    points = ours[i]
-                    assert set(points) == set(ATTENTION_POINTS) and points["logits"].shape == (2, H, 12, 12)
-                    assert points["q"].shape == points["q_pre"].shape == (2, H, 12, DH)
-                    assert points["k"].shape == (2, block.attn.n_kv_heads, 12, DH)
-                    torch.testing.assert_close(points["logits"].softmax(dim=-1), block.attn.attn_weights)
-                    tolerance = 1e-6 if i == 0 else 1e-4  # later blocks read earlier outputs the kernels round apart
-                    torch.testing.assert_close(theirs[i]["logits"], points["logits"], atol=tolerance, rtol=tolerance)
-                    torch.testing.assert_close(from_points(block.attn, points, causal), points["logits"], atol=1e-5,
-                                               rtol=1e-5)
-                    family = block_family(case, block)
-                    rotated = family != "none" and case.rotates
-                    untouched = points["q"].equal(points["q_pre"]) and points["k"].equal(points["k_pre"])
-                    assert untouched != rotated, (layout, variant, i)
-                    assert (points["score_bias"] is None) == (family in NO_SCORE_BIAS), (layout, variant, i)
-                if layout == "decoder" and explicit.decoder.cache_stays_exact(9):  # (dynamic NTK: not past 8 tokens)
-                    for kernel, model in zip(KERNELS, (explicit, fused)):
-                        assert_a_cached_step_records_the_last_rows(model, tokens(length=9), variant, kernel)
+        for layout, _, variant in self.combos(case, among=("decoder", "encoder"), kernels=(None,)):
+            explicit, fused = models.pair(case, layout, variant)
+            causal = explicit.input_stack.causal
+            ours, theirs = recorded(explicit, idx), recorded(fused, idx)
+            for i, block in enumerate(explicit.blocks):
+                points = ours[i]
+                assert set(points) == set(ATTENTION_POINTS) and points["logits"].shape == (2, H, 12, 12)
+                assert points["q"].shape == points["q_pre"].shape == (2, H, 12, DH)
+                assert points["k"].shape == (2, block.attn.n_kv_heads, 12, DH)
+                torch.testing.assert_close(points["logits"].softmax(dim=-1), block.attn.attn_weights)
+                rounding = 1e-6 if i == 0 else 1e-4  # later blocks read earlier outputs the kernels round apart
+                torch.testing.assert_close(theirs[i]["logits"], points["logits"], atol=rounding, rtol=rounding)
+                torch.testing.assert_close(from_points(block.attn, points, causal), points["logits"], atol=1e-5,
+                                           rtol=1e-5)
+                family = block_family(case, block)
+                rotated = family != "none" and case.rotates
+                untouched = points["q"].equal(points["q_pre"]) and points["k"].equal(points["k_pre"])
+                assert untouched != rotated, (layout, variant, i)
+                assert (points["score_bias"] is None) == (family in NO_SCORE_BIAS), (layout, variant, i)
+            if layout == "decoder" and explicit.decoder.cache_stays_exact(9):  # (dynamic NTK: not past 8 tokens)
+                for kernel, model in zip(KERNELS, (explicit, fused)):
+                    assert_a_cached_step_records_the_last_rows(model, tokens(length=9), variant, kernel)
 
     def test_score_parts(self, case, models):
         idx = tokens(B=3, length=16)
-        for layout in case.layouts("decoder", "encoder"):
-            for variant in self.variants(case):
-                assert_score_parts_softmax_to_kept_weights(models.pair(case, layout, variant)[0], idx)
+        for layout, _, variant in self.combos(case, among=("decoder", "encoder"), kernels=(None,)):
+            assert_score_parts_softmax_to_kept_weights(models.pair(case, layout, variant)[0], idx)
 
     def test_split(self, case, models):
         """Only where the position is an input term (the additive split of block 0's input into word + position
         exists there alone; test_attention_split checks it on hand-built heads)."""
         if not getattr(case.settings_class, "adds_to_input", False):
-            return
+            not_applicable("block 0's word/position split needs the position in the input")
         idx = tokens(B=3, length=16)
-        for layout in case.layouts("decoder", "encoder"):
-            for variant in self.variants(case):
-                model = with_live_biases(models.pair(case, layout, variant)[0])
-                assert_split_sums_to_the_logits(model, idx, qk_norm=bool(VARIANTS[variant].get("qk_norm")))
-
+        for layout, _, variant in self.combos(case, among=("decoder", "encoder"), kernels=(None,)):
+            model = with_live_biases(models.pair(case, layout, variant)[0])
+            assert_split_sums_to_the_logits(model, idx, qk_norm=bool(VARIANTS[variant].get("qk_norm")))
 
 def tolerance(variant: str) -> float:
     """What float32 leaves between two computations of the same logits: 1e-5, or 5e-5 under QK-norm, which sets |q| to
@@ -361,7 +394,7 @@ def assert_split_sums_to_the_logits(model, idx: torch.Tensor, qk_norm: bool) -> 
     softmax (with the returned mask) to the kept weights; the chunked split's shares are the materialised terms' (to
     1e-10 in float64, 2e-6 in float32) and sum to one. The bias x bias term moves the softmax only under QK-norm (which
     scales each key's part by 1 / |k_j|): elsewhere b_Q . b_K is constant along a row, its share 0."""
-    import pe_geometry.analysis.attention_split as split
+    import pe_geometry.analysis.measures.attention_split as split
 
     attn, causal, length = model.blocks[0].attn, model.input_stack.causal, idx.shape[1]
     with torch.no_grad():
@@ -398,12 +431,8 @@ def assert_split_sums_to_the_logits(model, idx: torch.Tensor, qk_norm: bool) -> 
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-class TestEveryEncoding(VariantProperties):
-    @staticmethod
-    def variants(case: Case) -> list[str]:
-        return ["plain", FAST_VARIANT[case.id]]
-
-    def test_layouts(self, case):
+class TestEveryEncoding(Properties):
+    def test_layouts(self, case, models):
         for layout in LAYOUTS:
             if layout in case.layouts():
                 build(case, layout, SDPAttention)
@@ -412,61 +441,39 @@ class TestEveryEncoding(VariantProperties):
                 build(case, layout, SDPAttention)
             assert "\n" not in str(refused.value)
 
-    def test_windowed(self, case, models):
-        """At every step, before and after the window starts to slide, the cached logits are those of a full pass
-        over the last 8 tokens (the encoder-decoder: its last source window and decoder window); a prompt shorter and
-        one longer than the window."""
-        context, g = 8, torch.Generator().manual_seed(5)
-        for layout in case.layouts("decoder", "encoder_decoder"):
-            model = models.pair(case, layout)[1]
-            source_window = model.source_len(context) if layout == "encoder_decoder" else None
-            decoder_window = context - source_window if source_window else context
-            for prompt_len in (3, 13):
-                decoding = Decoding(model, tokens(length=prompt_len, seed=4), context=context, use_cache=True)
-                with torch.no_grad():
-                    for step in range(14):
-                        window = decoding.tokens[:, -decoder_window:]
-                        if source_window:
-                            expected = model(decoding.source[:, -source_window:], window)[:, -1]
-                        else:
-                            expected = model(window)[:, -1]
-                        error = (decoding.logits() - expected).abs().max().item()
-                        assert error <= 1e-5, (layout, prompt_len, step, error)
-                        decoding.append(torch.randint(2, V, (2, 1), generator=g))
-
     def test_figures(self, case, models):
         """The figures as the analysis reads them (the recorded points) against the scores recomputed from each
         block's weights: block 0's share and the rotation null's draws to 1e-9, every block's mean distance to float32
         rounding, every block's share to 1e-6 (over each block's own window; block 0 alone with an input table)."""
         idx = tokens(B=3, length=16)
-        for layout in case.layouts("decoder", "encoder"):
-            for model in models.pair(case, layout):
-                with torch.no_grad():
-                    shares = pa.layer_positional_shares(model, idx)
-                    torch.testing.assert_close(shares[0], pa.positional_share(model, idx), atol=1e-12, rtol=0)
-                    share, distance = figures_as_before(model, idx)
-                    torch.testing.assert_close(pa.relative_position_shares(model, idx), share, atol=1e-9, rtol=0)
-                    torch.testing.assert_close(pa.mean_attention_distance(model, idx)[0], distance, atol=1e-6, rtol=0)
-                    if pa.has_rotation(model):
-                        generator = torch.Generator().manual_seed(0)
-                        draws = [figures_as_before(model, idx, pa.haar_orthogonal(H, DH, generator))[0] for _ in range(3)]
-                        torch.testing.assert_close(pa.rotation_share_draws(model, idx, n_draws=3), torch.stack(draws),
-                                                   atol=1e-9, rtol=0)
-                    if getattr(case.settings_class, "adds_to_input", False):  # the additive split: block 0 only
-                        assert model.W_pos is not None and shares[1:].isnan().all()
-                    else:
-                        torch.testing.assert_close(shares, shares_from_weights(model, idx), atol=1e-6, rtol=1e-6)
+        for layout, kernel, _ in self.combos(case, among=("decoder", "encoder"), variants=("plain",)):
+            model = models.pair(case, layout)[list(KERNELS).index(kernel)]
+            with torch.no_grad():
+                shares = pa.layer_positional_shares(model, idx)
+                torch.testing.assert_close(shares[0], pa.positional_share(model, idx), atol=1e-12, rtol=0)
+                share, distance = figures_as_before(model, idx)
+                torch.testing.assert_close(pa.relative_position_shares(model, idx), share, atol=1e-9, rtol=0)
+                torch.testing.assert_close(pa.mean_attention_distance(model, idx)[0], distance, atol=1e-6, rtol=0)
+                if pa.has_rotation(model):
+                    generator = torch.Generator().manual_seed(0)
+                    draws = [figures_as_before(model, idx, pa.haar_orthogonal(H, DH, generator))[0] for _ in range(3)]
+                    torch.testing.assert_close(pa.rotation_share_draws(model, idx, n_draws=3), torch.stack(draws),
+                                               atol=1e-9, rtol=0)
+                if getattr(case.settings_class, "adds_to_input", False):  # the additive split: block 0 only
+                    assert model.W_pos is not None and shares[1:].isnan().all()
+                else:
+                    torch.testing.assert_close(shares, shares_from_weights(model, idx), atol=1e-6, rtol=1e-6)
 
-    def test_grouped_query(self, case):
-        """One layer with the case's encoding (a pattern's layers are its family's and NoPE's, each a case here)."""
+    def test_grouped_query(self, case, models):
+        """One layer with the case's encoding, one and two key/value heads."""
         if case.pattern is not None:
-            return
-        for kernel in KERNELS.values():
+            not_applicable("a pattern's layers hold its family's encoding and NoPE, each a case of its own here")
+        for _, kernel, _ in self.combos(case, among=("decoder",), variants=("plain",)):
             for n_kv_heads in (1, 2):
                 torch.manual_seed(0)
                 encoding = case.encoding()(d_model=D, n_heads=H)
                 encoding.causal = True
-                gqa = kernel(D, H, encoding, n_kv_heads=n_kv_heads)
+                gqa = KERNELS[kernel](D, H, encoding, n_kv_heads=n_kv_heads)
                 with torch.no_grad():
                     for p in gqa.parameters():  # CoPE's table starts at zero, every bias at zero: make them count
                         p.add_(torch.randn_like(p) * 0.5)
@@ -481,62 +488,65 @@ class TestEveryEncoding(VariantProperties):
         """The decoder in each precision against float32: a full pass and (where the cache stays exact) the cached
         logits. bfloat16 keeps 8 bits of mantissa: logits of magnitude ~m are off by up to ~m/100."""
         idx = tokens()
-        for kernel, model in zip(KERNELS, models.pair(case, "decoder")):
+        for _, kernel, _ in self.combos(case, among=("decoder",), variants=("plain",)):
+            model = models.pair(case, "decoder")[list(KERNELS).index(kernel)]
             with torch.no_grad():
                 reference = logits(model, idx).double()
                 scale = reference.abs().max().item()
-                for dtype, tolerance in ((torch.float64, 1e-4), (torch.float16, 0.01 * scale), (torch.bfloat16, 0.05 * scale)):
+                for dtype, bound in ((torch.float64, 1e-4), (torch.float16, 0.01 * scale), (torch.bfloat16, 0.05 * scale)):
                     low = copy.deepcopy(model).to(dtype)
                     out = logits(low, idx)
                     assert out.dtype == dtype and torch.isfinite(out).all(), (kernel, dtype)
-                    assert (out.double() - reference).abs().max().item() < tolerance, (kernel, dtype)
+                    assert (out.double() - reference).abs().max().item() < bound, (kernel, dtype)
                     if low.decoder.cache_stays_exact(T):
                         cached = incremental_logits(low, idx, None)
                         assert cached.dtype == dtype
-                        assert (cached.double() - reference).abs().max().item() < tolerance, (kernel, dtype)
+                        assert (cached.double() - reference).abs().max().item() < bound, (kernel, dtype)
 
     def test_randomized(self, case, models):
-        """pe.randomize_positions=96 (Ruoss et al. 2023): the same weights as the plain model; evaluation and cached
-        decoding read the plain positions, training reads drawn ones, and drawn ids 0..T-1 are the plain ids."""
+        """pe.randomize_positions=96 (Ruoss et al. 2023): the same weights as the plain model; evaluation, cached
+        decoding and generation read the plain positions, training reads drawn ones, and drawn ids 0..T-1 are the
+        plain ids. A family without position ids refuses it in one line."""
         if not case.takes_position_ids:
-            with pytest.raises(ValueError, match="^pe.randomize_positions=64 draws position ids"):
-                case.encoding(randomize_positions=64)(d_model=D, n_heads=H)
+            if self.fast:
+                with pytest.raises(ValueError, match="^pe.randomize_positions=64 draws position ids"):
+                    case.encoding(randomize_positions=64)(d_model=D, n_heads=H)
             return
         idx = tokens(B=3, length=24)
-        for layout in case.layouts("decoder", "encoder"):
-            for kernel, plain in zip(KERNELS, models.pair(case, layout)):
-                randomized = build(case, layout, KERNELS[kernel], randomize_positions=96)
-                randomized.load_state_dict(plain.state_dict())  # the option adds no weight
-                assert randomized.eval().input_stack.pe.draw_positions(3, 24) is None
-                try:
-                    with torch.no_grad():
-                        assert torch.equal(randomized(idx), plain(idx)), (layout, kernel)
-                        if layout == "decoder" and randomized.decoder.cache_stays_exact(T):  # no draw through the cache
-                            error = (incremental_logits(randomized, idx[:, :T], None) - plain(idx[:, :T])).abs().max()
-                            assert error.item() <= 1e-5, (kernel, error)
-                    if layout == "decoder" and kernel == "sdpa":  # generation (eval mode): the plain positions
-                        cached = generate(randomized, idx[:, :6], 14, temperature=0)
-                        assert torch.equal(cached, generate(randomized, idx[:, :6], 14, temperature=0, use_cache=False))
-                        assert torch.equal(cached, generate(plain, idx[:, :6], 14, temperature=0))
-                    with torch.no_grad():
-                        randomized.train(), plain.train()
-                        torch.manual_seed(0)
-                        assert not torch.allclose(randomized(idx), plain(idx), atol=1e-4), (layout, kernel)
-                        pe = randomized.input_stack.pe
-                        pe.draw_positions = lambda batch, length, device=None: torch.arange(length).expand(batch, length)
-                        torch.testing.assert_close(randomized(idx), plain(idx), rtol=1e-5, atol=1e-5)
-                finally:
-                    plain.eval()
+        for layout, kernel, _ in self.combos(case, among=("decoder", "encoder"), variants=("plain",)):
+            plain = models.pair(case, layout)[list(KERNELS).index(kernel)]
+            randomized = build(case, layout, KERNELS[kernel], randomize_positions=96)
+            randomized.load_state_dict(plain.state_dict())  # the option adds no weight
+            assert randomized.eval().input_stack.pe.draw_positions(3, 24) is None
+            try:
+                with torch.no_grad():
+                    assert torch.equal(randomized(idx), plain(idx)), (layout, kernel)
+                    if layout == "decoder" and randomized.decoder.cache_stays_exact(T):  # no draw through the cache
+                        error = (incremental_logits(randomized, idx[:, :T], None) - plain(idx[:, :T])).abs().max()
+                        assert error.item() <= 1e-5, (kernel, error)
+                if layout == "decoder":  # generation (eval mode): the plain positions
+                    cached = generate(randomized, idx[:, :6], 14, temperature=0)
+                    assert torch.equal(cached, generate(randomized, idx[:, :6], 14, temperature=0, use_cache=False))
+                    assert torch.equal(cached, generate(plain, idx[:, :6], 14, temperature=0))
+                with torch.no_grad():
+                    randomized.train(), plain.train()
+                    torch.manual_seed(0)
+                    assert not torch.allclose(randomized(idx), plain(idx), atol=1e-4), (layout, kernel)
+                    pe = randomized.input_stack.pe
+                    pe.draw_positions = lambda batch, length, device=None: torch.arange(length).expand(batch, length)
+                    torch.testing.assert_close(randomized(idx), plain(idx), rtol=1e-5, atol=1e-5)
+            finally:
+                plain.eval()
 
     def test_option(self, case, models):
         """A variant of a family (partial rotation, a scaling, a pattern) is a change of the forward alone: the plain
         family's weights load into it (a scaling is read at inference with weights trained without it) and the
         logits change."""
         if not case.is_variant:
-            return
+            not_applicable("a family as its yaml builds it: no plain family to compare with")
         plain_case = Case(case.pe, seq_len=case.seq_len, n_layers=case.n_layers)
         idx = tokens()
-        for layout in case.layouts():
+        for layout, _, _ in self.combos(case, kernels=(None,), variants=("plain",)):
             model = models.pair(case, layout)[1]
             plain = perturbed(build(plain_case, layout, SDPAttention)).eval()
             missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)
@@ -546,6 +556,20 @@ class TestEveryEncoding(VariantProperties):
                 assert (logits(model, idx) - logits(plain, idx)).abs().max().item() > 1e-6, layout
             finally:
                 model.load_state_dict(models.pair(case, layout)[0].state_dict())  # the module's weights back
+
+
+@pytest.mark.slow  # the combinations TestEveryEncoding leaves to the whole suite
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_other_combination(case, models):
+    """Every property of TestEveryEncoding in the layouts, kernels and attention variants its fast share left out."""
+    rest = TestEveryEncoding()
+    rest.fast = False
+    for name in sorted(name for name in dir(rest) if name.startswith("test_") and name != "test_layouts"):
+        with named(name):
+            try:
+                getattr(rest, name)(case, models)
+            except pytest.skip.Exception:
+                pass  # (not applicable to this case)
 
 
 def in_a_nope_layer(model, key: str) -> bool:
@@ -571,11 +595,3 @@ def repeated_heads(gqa) -> torch.nn.Module:
         for ours, shared in ((mha.kv.weight, gqa.kv.weight), (mha.kv.bias, gqa.kv.bias)):
             ours.copy_(torch.cat([per_query_head(shared[:n]), per_query_head(shared[n:])]))
     return mha
-
-
-@pytest.mark.slow  # the fast loop checks each case under the plain attention and one variant (TestEveryEncoding)
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-class TestEveryEncodingUnderTheOtherVariants(VariantProperties):
-    @staticmethod
-    def variants(case: Case) -> list[str]:
-        return [name for name in OTHER_VARIANTS if name != FAST_VARIANT[case.id]]
