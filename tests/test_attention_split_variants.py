@@ -10,6 +10,7 @@ shares are the materialised terms', for every input-table encoding under every v
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 
 import torch
@@ -26,10 +27,17 @@ MODELS = {"decoder": DecoderLM, "encoder": EncoderMLM}
 
 
 def perturbed(model_name: str, pe: str, variant: str, seed: int = 0) -> torch.nn.Module:
-    """A one-block-deep model of the variant whose every bias term is live: large q/kv biases (b_K included),
-    ln_attn's affine parameters, per-head temperatures apart, noise on the position table; in eval mode."""
-    model = live(build(MODELS[model_name], pe, partial(ExplicitAttention, **VARIANTS[variant]))).eval()
-    block, g = model.blocks[0], torch.Generator().manual_seed(seed)
+    """A one-block-deep model of the variant whose every bias term is live (``with_live_biases``), noise on the
+    position table; in eval mode."""
+    return with_live_biases(live(build(MODELS[model_name], pe, partial(ExplicitAttention, **VARIANTS[variant]))).eval(),
+                            seed)
+
+
+def with_live_biases(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """A copy whose block-0 bias terms all count: large q/kv biases (b_K included), ln_attn's affine parameters far
+    from (1, 0), per-head QK-norm temperatures apart."""
+    model, g = copy.deepcopy(model), torch.Generator().manual_seed(seed)
+    block = model.blocks[0]
     with torch.no_grad():
         for param in (block.attn.q.bias, block.attn.kv.bias, block.ln_attn.bias):
             param.copy_(torch.randn(param.shape, generator=g))

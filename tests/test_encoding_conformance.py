@@ -57,6 +57,8 @@ from tests.conftest import PE_TYPES
 from tests.loops import named
 from tests.test_attention import live, pe_factory
 from tests.test_attention_record import from_points, recorded
+from tests.test_attention_split_variants import with_live_biases
+from tests.test_attention_variants import VARIANTS as ATTENTION_VARIANTS
 from tests.test_generate import incremental_logits
 from tests.test_layer_shares import shares_from_weights
 from tests.test_position_attention import (
@@ -71,15 +73,7 @@ T = 20  # tokens read: past the training length 8 of the scaled cases and past e
 LAYOUTS = {"decoder": DecoderLM, "encoder": EncoderMLM, "encoder_decoder": EncoderDecoder}
 KERNELS = {"explicit": ExplicitAttention, "sdpa": SDPAttention}
 # window 3 < the 5-token prefill of incremental_logits, so the cache drops keys; training_length 6 < T: logn acts
-VARIANTS = {
-    "plain": {},
-    "gqa": {"n_kv_heads": 2},
-    "mqa": {"n_kv_heads": 1},
-    "qk_norm": {"qk_norm": True},
-    "window": {"window": 3},
-    "logn": {"logn_scaling": True, "training_length": 6},
-    "all": {"n_kv_heads": 2, "qk_norm": True, "window": 3, "logn_scaling": True, "training_length": 6},
-}
+VARIANTS = {"plain": {}, **ATTENTION_VARIANTS}  # tests/test_attention_variants.py's, and none
 # what each family does inside attention (independent of the code: a family that starts rotating fails `recorded`)
 ROTATING = {"rope", "xpos"}  # and pe=forgetting with rotary=true
 NO_SCORE_BIAS = {"none", "sinusoidal", "learned", "rope", "xpos"}
@@ -375,18 +369,6 @@ def assert_a_cached_step_records_the_last_rows(model, idx: torch.Tensor, variant
                                msg=lambda m: f"{variant} {kernel}: {m}")
 
 
-def with_live_biases(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy whose block-0 bias terms all count: large q/kv biases (b_K included), ln_attn's affine parameters far
-    from (1, 0), per-head QK-norm temperatures apart."""
-    model, g = copy.deepcopy(model), torch.Generator().manual_seed(0)
-    block = model.blocks[0]
-    with torch.no_grad():
-        for param in (block.attn.q.bias, block.attn.kv.bias, block.ln_attn.bias):
-            param.copy_(torch.randn(param.shape, generator=g))
-        block.ln_attn.weight.copy_(1.0 + 0.5 * torch.randn(block.ln_attn.weight.shape, generator=g))
-        if block.attn.qk_temperature is not None:
-            block.attn.qk_temperature.copy_(torch.linspace(2.0, 12.0, block.attn.n_heads))
-    return model
 
 
 def assert_split_sums_to_the_logits(model, idx: torch.Tensor, qk_norm: bool) -> None:
