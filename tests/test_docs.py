@@ -1,7 +1,7 @@
 """The docs cannot drift from the code: what README.md and docs/*.md name exists, and the metric table is generated.
 
 - docs/METRICS.md holds the table ``python -m pe_geometry.analysis.metric_table`` renders, byte for byte;
-- README.md stays a walk-through (at most 200 lines) whose architecture lists every module there is;
+- README.md stays a walk-through (at most 200 lines); docs/ARCHITECTURE.md lists every module there is;
 - the README's option table lists every config group and every option in it, and nothing else;
 - every ``group=option`` and every config key the README and the docs name is in ``src/pe_geometry/configs``;
 - every ``python <file>.py``, ``python -m <module>`` and ``pe-<script>`` they name exists;
@@ -24,6 +24,7 @@ from pe_geometry.configs import CONFIG_DIR
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = Path(pe_geometry.__file__).resolve().parent
 README = ROOT / "README.md"
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 LINKED_FILES = [README, ROOT / "CHANGELOG.md", *DOCS]
 # docs/RELIABILITY.md quotes bad input on purpose (`pe=sinusodal`): its group options are not checked.
@@ -48,7 +49,7 @@ def code_spans(text: str) -> list[str]:
 def section(text: str, heading: str) -> str:
     """The text under a ``## heading``, up to the next one."""
     match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
-    assert match, f"README.md has no '## {heading}' section"
+    assert match, f"no '## {heading}' section"
     return match.group(1)
 
 
@@ -74,9 +75,9 @@ def test_the_readme_is_a_short_walk_through():
 
 
 def architecture_entries() -> list[str]:
-    """Repository paths of the README's architecture tree (two spaces of indent per level)."""
-    block = re.search(r"^```\n(.*?)^```", section(README.read_text(encoding="utf-8"), "Architecture"), flags=re.S | re.M)
-    assert block, "the README's architecture has no code block"
+    """Repository paths of docs/ARCHITECTURE.md's module tree (two spaces of indent per level)."""
+    block = re.search(r"^```\n(.*?)^```", section(ARCHITECTURE.read_text(encoding="utf-8"), "Modules"), flags=re.S | re.M)
+    assert block, "docs/ARCHITECTURE.md's module list has no code block"
     entries, stack = [], []  # stack: (depth, folder path)
     for line in block.group(1).splitlines():
         if not line.strip():
@@ -91,15 +92,15 @@ def architecture_entries() -> list[str]:
     return entries
 
 
-def test_the_readme_architecture_lists_every_module_and_only_real_ones():
+def test_the_module_list_names_every_module_and_only_real_ones():
     entries = architecture_entries()
     missing_on_disk = [e for e in entries if not (ROOT / e).exists()]
-    assert not missing_on_disk, f"the README's architecture names paths that do not exist: {missing_on_disk}"
+    assert not missing_on_disk, f"docs/ARCHITECTURE.md's module list names paths that do not exist: {missing_on_disk}"
     modules = {str(p.relative_to(ROOT)) for p in PACKAGE_DIR.rglob("*.py")
                if p.name != "__init__.py" and "configs" not in p.relative_to(PACKAGE_DIR).parts}
     modules |= {str(p.relative_to(ROOT)) for p in (PACKAGE_DIR.parent / "hydra_plugins").rglob("*.py") if p.name != "__init__.py"}
     unlisted = sorted(modules - set(entries))
-    assert not unlisted, f"modules missing from the README's architecture (one line each: what it does): {unlisted}"
+    assert not unlisted, f"modules missing from docs/ARCHITECTURE.md's module list (one line each: what it does): {unlisted}"
 
 
 def option_table() -> dict[str, list[str]]:

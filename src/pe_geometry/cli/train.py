@@ -239,13 +239,18 @@ def run() -> None:
     try:
         from pe_geometry.extras import missing_extra_for
         from pe_geometry.training.run_folder import overwrites_a_run, stage_resume, with_run_choices
+        from pe_geometry.training.option_keys import key_of_another_option
 
         if problem := unusable_run_dir(argv) or missing_extra_for(argv) or overwrites_a_run(argv):
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(2)
 
         # a resume composes with the run's own options, writes nothing until its checks pass, then logs into its run
-        sys.argv[1:] = stage_resume(with_run_choices(argv))
+        composed_with = with_run_choices(argv)
+        if problem := key_of_another_option(composed_with):  # else Hydra's six-line "Could not override", exit 1
+            print(f"error: {problem}", file=sys.stderr)
+            sys.exit(2)
+        sys.argv[1:] = stage_resume(composed_with)
         import hydra
 
         # Registers the resolvers the configs use (run_folder_name, arm); kept in a module of their own so that any

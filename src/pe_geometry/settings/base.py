@@ -75,7 +75,7 @@ class Settings:
         problems, coerced = field_problems(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
                                            self.group)
         if problems:
-            raise SettingsError("; ".join(line for _, line in problems))
+            raise SettingsError("; ".join(dict.fromkeys(line for _, line in problems)))  # one line per problem
         for name, value in coerced.items():
             object.__setattr__(self, name, value)  # '3' -> 3, a tuple from a list: what was checked is what is used
 

@@ -340,7 +340,8 @@ def check_schema(cfg: DictConfig, choices: dict[str, Any] | None = None, import_
     if problems:
         # data.seed: ${seed} repeats seed's error: name the key the user set, not the ones that copy it
         own = [line for key, line in problems if not _is_interpolation(cfg, key)]
-        raise SchemaError("; ".join(own or [line for _, line in problems]))
+        # one line per problem: a list whose every item fails names the key once, not once per item
+        raise SchemaError("; ".join(dict.fromkeys(own or [line for _, line in problems])))
     _write_back(cfg, fixes, values)
 
 
