@@ -231,7 +231,10 @@ def test_run_folder_names_say_what_ran_and_can_be_passed_back_as_ckpt_path():
     assert name == "quick_decoder-rope_model.d_model-64+trainer.max_steps-20"
     long = run_folder_name("quick", "decoder", "rope", "+".join(f"key{i}.x-{i}" for i in range(40)))
     assert len(long) <= 120 and long != run_folder_name("quick", "decoder", "rope", "+".join(f"key{i}.x-{i}" for i in range(41)))
-    for folder in (name, long, run_folder_name(None, "decoder", "rope", "~callbacks.progress_bar+x-[a,b]")):
+    # a layer pattern reads as its entries (it was model.layer_pattern------------pe--none--)
+    pattern = run_folder_name(None, "decoder", "rope", "model.layer_pattern-[{},{},{},{pe: none}]")
+    assert pattern == "default_decoder-rope_model.layer_pattern--same-same-same-pe-none"
+    for folder in (name, long, pattern, run_folder_name(None, "decoder", "rope", "~callbacks.progress_bar+x-[a,b]")):
         override = OverridesParser.create().parse_override(f"ckpt_path=/runs/{folder}/checkpoints/last.ckpt")
         assert override.value() == f"/runs/{folder}/checkpoints/last.ckpt"
 

@@ -25,8 +25,11 @@ def run_folder_name(experiment: str | None, model: str, pe: str, overrides: str 
 
 
 def safe_name(name: str) -> str:
-    """Only characters a Hydra override value and a shell word take unquoted; cut to MAX_NAME_CHARS with a hash."""
-    name = re.sub(r"[^A-Za-z0-9_.+-]", "-", name)
+    """Only characters a Hydra override value and a shell word take unquoted; cut to MAX_NAME_CHARS with a hash.
+    A structured value stays readable: ``model.layer_pattern=[{},{},{pe: none}]`` ->
+    ``model.layer_pattern--same-same-pe-none`` (an empty entry, a layer like the model's, is ``same``; each run of
+    other characters one ``-``; none at the end)."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", name.replace("{}", "same")).rstrip("-") or "-"
     if len(name) > MAX_NAME_CHARS:
         name = name[: MAX_NAME_CHARS - 9] + "_" + hashlib.sha1(name.encode()).hexdigest()[:8]
     return name
