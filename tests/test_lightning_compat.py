@@ -168,3 +168,26 @@ def test_the_summary_table_is_lightnings_own_from_the_columns_its_summary_gets(t
     table = compat.summary_table(received["columns"], *received["sizes"])
     assert re.search(r"^\s*0\s*\|\s*layer\s*\|\s*Linear\s*\|\s*3\s*\|", table, re.M)  # Tiny's 2 -> 1 layer
     assert re.search(r"^3\s+Total params$", table, re.M) and table.splitlines()[-1].endswith("Total Flops")
+
+
+def test_a_resume_into_its_own_checkpoints_folder_gets_no_not_empty_warning(tmp_path):
+    """Lightning's ModelCheckpoint warns whenever its folder holds files; ours continues its own run there (a new run
+    into a run's folder is refused before it starts), so the warning would only be noise about the run itself."""
+    import warnings
+
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from pe_geometry.training.callbacks import StepCheckpoint
+
+    (tmp_path / "step000002.ckpt").write_bytes(b"a checkpoint of this run")
+    trainer = L.Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False, enable_model_summary=False)
+    module = L.LightningModule()
+    with warnings.catch_warnings(record=True) as lightning_says:
+        warnings.simplefilter("always")
+        ModelCheckpoint(dirpath=tmp_path).setup(trainer, module, "fit")
+    assert any("exists and is not empty" in str(w.message) for w in lightning_says)  # the reference: Lightning warns
+    with warnings.catch_warnings(record=True) as ours_says:
+        warnings.simplefilter("always")
+        StepCheckpoint(dirpath=tmp_path).setup(trainer, module, "fit")
+    assert not any("exists and is not empty" in str(w.message) for w in ours_says)

@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,14 @@ class StepCheckpoint(ModelCheckpoint):
         kwargs.setdefault("enable_version_counter", False)
         super().__init__(*args, **kwargs)
         self._deferred_step: int | None = None  # a grid step whose save waits for its validation
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Lightning warns "Checkpoint directory ... exists and is not empty" whenever checkpoints/ holds files. Here
+        # that is only ever a resume continuing its own run (a new run into a folder holding a run is refused before
+        # it starts: run_folder.overwrites_a_run, pipeline.read_checkpoint), so the line is noise about the run itself.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         # A step checkpoint on a step that validates is saved after that validation, not before it: Lightning's
