@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from pe_geometry.model.attention import KVCache, MultiHeadAttention, SDPAttention
 from pe_geometry.model.embedding import INIT_STD, TokenEmbedding
+from pe_geometry.model.loss import IGNORE_INDEX, head_cross_entropy
 from pe_geometry.model.positional import NoPE, PositionalEncoding, SinusoidalPE
 from pe_geometry.settings.model import (  # noqa: F401  (LAYER_KEYS, layer_schemes: re-exported)
     LAYER_KEYS,
@@ -40,8 +41,6 @@ from pe_geometry.settings.model import (  # noqa: F401  (LAYER_KEYS, layer_schem
     ModelSettings,
     layer_schemes,
 )
-
-IGNORE_INDEX = -100  # targets with this id do not count in the loss
 
 EmbeddingFactory = Callable[..., TokenEmbedding]
 PEFactory = Callable[..., PositionalEncoding]
@@ -269,6 +268,7 @@ class LanguageModel(nn.Module):
         self.config = config
         self.vocab_size, self.d_model = config.vocab_size, config.d_model
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.loss_chunk = config.loss_chunk  # None: logits, then F.cross_entropy; else the fused loss (model/loss.py)
 
     @property
     def n_layers(self) -> int:
@@ -329,8 +329,10 @@ class LanguageModel(nn.Module):
         """``hidden_states`` one at a time (a generator), so a caller reading layer by layer holds one, not all."""
         return self.input_stack.iter_hidden_states(idx)
 
-    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """The objective on a (B, seq_len + 1) block: logits (B, T', vocab) and targets (B, T') (IGNORE_INDEX: no target)."""
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None,
+                           head: bool = True) -> tuple[Tensor, Tensor]:
+        """The objective on a (B, seq_len + 1) block: logits (B, T', vocab) and targets (B, T') (IGNORE_INDEX: no target).
+        ``head=False``: the hidden states (B, T', D) the head reads instead of the logits."""
         raise NotImplementedError
 
     def loss(self, block: Tensor, reduction: str = "mean", generator: torch.Generator | None = None) -> Tensor:
@@ -339,6 +341,10 @@ class LanguageModel(nn.Module):
         reduction="mean": a scalar over every target; "none": per target (B, T') in float32, NaN where a
         position has no target (an encoder's unmasked positions). ``generator`` draws an encoder's masks.
         """
+        chunk = getattr(self, "loss_chunk", None)  # (a peer borrowing this method has none: it computes logits)
+        if reduction == "mean" and chunk is not None:
+            hidden, targets = self.logits_and_targets(block, generator, head=False)
+            return head_cross_entropy(hidden, self.head.weight, targets, chunk)
         logits, targets = self.logits_and_targets(block, generator)
         if reduction == "mean":
             return self.cross_entropy(logits, targets)
@@ -368,16 +374,20 @@ class DecoderLM(LanguageModel):
     def input_stack(self) -> Stack:
         return self.decoder
 
-    def forward(self, idx: Tensor, cache: KVCache | None = None) -> Tensor:
-        """idx (B, T) -> logits (B, T, vocab) for the next token at every position.
+    def forward(self, idx: Tensor, cache: KVCache | None = None, head: bool = True) -> Tensor:
+        """idx (B, T) -> logits (B, T, vocab) for the next token at every position (``head=False``: the hidden
+        states (B, T, D) the head reads; the fused loss applies the head itself, inside ``forward`` so that a
+        compiled model compiles the stack).
 
         With ``cache`` (a ``KVCache``), idx holds only the tokens after those already cached.
         """
-        return self.head(self.decoder(idx, cache=cache))
+        hidden = self.decoder(idx, cache=cache)
+        return self.head(hidden) if head else hidden
 
-    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None,
+                           head: bool = True) -> tuple[Tensor, Tensor]:
         inputs, targets = block[:, :-1], block[:, 1:]
-        return self(inputs), targets
+        return self(inputs, head=head), targets
 
 
 def mask_tokens(
@@ -418,13 +428,15 @@ class EncoderMLM(LanguageModel):
     def input_stack(self) -> Stack:
         return self.encoder
 
-    def forward(self, idx: Tensor) -> Tensor:
-        return self.head(self.encoder(idx))
+    def forward(self, idx: Tensor, head: bool = True) -> Tensor:
+        hidden = self.encoder(idx)
+        return self.head(hidden) if head else hidden
 
-    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None,
+                           head: bool = True) -> tuple[Tensor, Tensor]:
         tokens = block[:, :-1]  # the same seq_len tokens a decoder would read
         inputs, targets = mask_tokens(tokens, self.mask_token_id, self.vocab_size, self.mask_prob, generator=generator)
-        return self(inputs), targets
+        return self(inputs, head=head), targets
 
 
 class EncoderDecoder(LanguageModel):
@@ -453,17 +465,20 @@ class EncoderDecoder(LanguageModel):
     def input_stack(self) -> Stack:
         return self.encoder
 
-    def forward(self, src: Tensor, tgt: Tensor, cache: KVCache | None = None) -> Tensor:
-        """src (B, S), tgt (B, T) -> logits (B, T, vocab) for the token after each tgt token.
+    def forward(self, src: Tensor, tgt: Tensor, cache: KVCache | None = None, head: bool = True) -> Tensor:
+        """src (B, S), tgt (B, T) -> logits (B, T, vocab) for the token after each tgt token (``head=False``: the
+        decoder's hidden states (B, T, D)).
 
         With ``cache``, the encoder runs on the first call only (its output and the
         cross-attention keys/values are kept) and tgt holds only the new decoder tokens.
         """
         if cache is None:
-            return self.head(self.decoder(tgt, context=self.encoder(src)))
-        if cache.context is None:
-            cache.context = self.encoder(src)
-        return self.head(self.decoder(tgt, context=cache.context, cache=cache))
+            hidden = self.decoder(tgt, context=self.encoder(src))
+        else:
+            if cache.context is None:
+                cache.context = self.encoder(src)
+            hidden = self.decoder(tgt, context=cache.context, cache=cache)
+        return self.head(hidden) if head else hidden
 
     def source_len(self, seq_len: int) -> int:
         """How many of a block's seq_len input tokens the encoder reads (at least 1); the decoder reads the rest."""
@@ -474,6 +489,7 @@ class EncoderDecoder(LanguageModel):
         src_len = self.source_len(block.shape[1] - 1)
         return block[:, :src_len], block[:, src_len:-1], block[:, src_len + 1 :]
 
-    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def logits_and_targets(self, block: Tensor, generator: torch.Generator | None = None,
+                           head: bool = True) -> tuple[Tensor, Tensor]:
         src, tgt_in, tgt_out = self.split(block)
-        return self(src, tgt_in), tgt_out
+        return self(src, tgt_in, head=head), tgt_out

@@ -106,6 +106,10 @@ class ModelSettings(Settings):
     norm: Literal["pre", "post"] = "pre"  # "pre" (GPT-2) or "post" (Vaswani et al.)
     layer_pattern: Annotated[list[dict[str, Any]] | None, "entries {pe: none | {settings}, window: N | null}, cycled",
                              "null: every layer alike"] = None
+    # the training loss: the head and its cross-entropy fused, this many rows at a time (model/loss.py), so the full
+    # (tokens, vocab) logits are never held; the same loss and gradients to float rounding
+    loss_chunk: Annotated[int | None, Ge(1), "rows of logits at a time in the fused head + cross-entropy",
+                          "null: the full logits, then F.cross_entropy"] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pe_geometry.data.tasks import answer_accuracy
+from pe_geometry.model.loss import head_cross_entropy
 from pe_geometry.model.transformer import LanguageModel
 from pe_geometry.training.optimizer import OptimizerFactory, adamw_warmup_cosine
 
@@ -45,11 +46,17 @@ def split_batch(batch: Tensor | tuple[Tensor, Tensor] | list[Tensor]) -> tuple[T
     return batch, None
 
 
-def answer_loss(model: LanguageModel, block: Tensor, answer_mask: Tensor) -> tuple[Tensor, Tensor]:
+def answer_loss(model: LanguageModel, block: Tensor, answer_mask: Tensor,
+                with_logits: bool = True) -> tuple[Tensor, Tensor | None]:
     """Cross-entropy on the answer tokens only, and the logits: a decoder's next-token targets are ``block[:, 1:]``,
-    so ``answer_mask[:, 1:]`` says which of them are scored."""
-    logits, targets = model.logits_and_targets(block)
+    so ``answer_mask[:, 1:]`` says which of them are scored. ``with_logits=False`` (training): no logits (None), and a
+    model with ``model.loss_chunk`` set runs its head on the answer rows alone, fused with the loss (model/loss.py)."""
     scored = answer_mask[:, 1:]
+    chunk = getattr(model, "loss_chunk", None)  # (a peer, or a stand-in, has none)
+    if not with_logits and chunk is not None:
+        hidden, targets = model.logits_and_targets(block, head=False)
+        return head_cross_entropy(hidden[scored], model.head.weight, targets[scored], chunk), None
+    logits, targets = model.logits_and_targets(block)
     return F.cross_entropy(logits[scored].float(), targets[scored]), logits
 
 
@@ -84,7 +91,7 @@ class LanguageModelTask(L.LightningModule):
 
     def training_step(self, batch: Tensor | tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         block, answer_mask = split_batch(batch)
-        loss = self.model.loss(block) if answer_mask is None else answer_loss(self.model, block, answer_mask)[0]
+        loss = self.model.loss(block) if answer_mask is None else answer_loss(self.model, block, answer_mask, with_logits=False)[0]
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"training loss is {loss.item()} at step {self.global_step}; stopping. The last good "
