@@ -2,6 +2,7 @@
 
     python experiments/benchmark.py               # default + larger config, eager + compiled, all PE types
     python experiments/benchmark.py --quick       # default config only, eager, one round (a smoke test)
+    python experiments/benchmark.py --options     # the speed options (compile, fused CE) vs the plain loop: one table
 
 Every figure is measured in this run on this machine:
 1. training tokens/s of the project's decoder through its real training path
@@ -12,6 +13,10 @@ Every figure is measured in this run on this machine:
 3. MFU: achieved FLOP/s over this machine's measured fp32 matmul peak;
 4. geometry-callback overhead at its default cadence, as % of training time;
 5. data pipeline: time to first batch from a warm cache, and data wait per step.
+
+``--options`` measures the speed options instead: for each config, the project's path eager, compiled
+(``compile=true``), with the fused head + cross-entropy (``model.loss_chunk``), and both, each against the plain loop
+(eager, the reference) measured in the same rounds, with MFU, compile time and each step's peak allocation.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
@@ -114,9 +120,11 @@ def time_plain_loop(cfg, datamodule, steps: int, warmup: int, compiled: bool) ->
 # ----------------------------------------------------------------------------- the project's real path
 class StepTimer(L.Callback):
     def __init__(self, warmup: int) -> None:
-        self.warmup, self.start, self.end = warmup, None, None
+        self.warmup, self.begin, self.start, self.end = warmup, None, None, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == 0:
+            self.begin = time.perf_counter()  # the warm-up steps (a compiled model compiles in the first) run from here
         if trainer.global_step == self.warmup:
             self.start = time.perf_counter()
 
@@ -134,8 +142,8 @@ def compose_cfg(overrides: list[str]):
     return cfg
 
 
-def time_project(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> tuple[float, LanguageModelTask]:
-    """Seconds per step through LightningModule + Trainer, as train.py runs it."""
+def time_project(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> tuple[float, LanguageModelTask, float]:
+    """Seconds per step through LightningModule + Trainer, as train.py runs it; the task; seconds of the warm-up steps."""
     L.seed_everything(0, verbose=False)
     model = build_model(cfg, datamodule)
     if compiled:
@@ -148,7 +156,7 @@ def time_project(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> tu
         callbacks=[timer],
     )
     trainer.fit(task, datamodule=datamodule)
-    return (timer.end - timer.start) / steps, task
+    return (timer.end - timer.start) / steps, task, timer.start - timer.begin
 
 
 # ----------------------------------------------------------------------------- the rest
@@ -239,6 +247,88 @@ def profile_breakdown(cfg, datamodule, steps: int = 3) -> list[tuple[str, float]
     return shares
 
 
+# The speed options a run can set, as overrides (loss_chunk set both ways, so a change of its default moves no row)
+FUSED_CE = "model.loss_chunk=1024"
+SPEED_OPTIONS = {  # name: (overrides, torch.compile the model)
+    "eager": (["model.loss_chunk=null"], False),
+    "compiled": (["model.loss_chunk=null"], True),
+    "fused CE": ([FUSED_CE], False),
+    "fused CE + compiled": ([FUSED_CE], True),
+}
+
+
+def peak_allocated_bytes(step: Callable[[], object]) -> int:
+    """Peak bytes ``step()`` holds allocated above what was allocated before it (torch.profiler's allocation and
+    free events, summed in time order; the CPU allocator keeps no peak of its own)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    # (the kineto events carry each allocation's size and time; FunctionEvent lists only their per-op sums)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def step_peak_bytes(cfg, datamodule, compiled: bool) -> int:
+    """Peak bytes one bare training step allocates above what it starts with: activations, the logits and their
+    gradients (or the fused loss's chunk), the new parameter gradients."""
+    model = build_model(cfg, datamodule)
+    if compiled:
+        model.compile()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    batches = iter(datamodule.train_dataloader())
+    for _ in range(2):  # compile, and AdamW's state
+        bare_training_step(model, opt, next(batches))
+    block = next(batches)
+    return peak_allocated_bytes(lambda: bare_training_step(model, opt, block))
+
+
+def speed_options(args, rounds: int, peak: float) -> None:
+    """The table of --options: per config, plain eager (the reference) and plain compiled, then each speed option of
+    the project's path; every figure of a config is measured in the same interleaved rounds."""
+    configs = {"default": [], "larger": LARGER}
+    print("| config | path | tok/s | vs plain eager (range over rounds) | MFU | compile s | step peak MiB | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, overrides in configs.items():
+        base = compose_cfg(["pe=learned", *overrides])
+        dm = build_datamodule(base)
+        flops = training_flops_per_batch(build_model(base, dm), base.data.batch_size, base.data.seq_len)
+        cfgs = {mode: compose_cfg(["pe=learned", *overrides, *extra]) for mode, (extra, _) in SPEED_OPTIONS.items()}
+        plain: dict[str, list[float]] = {"plain eager": [], "plain compiled": []}
+        times: dict[str, list[float]] = {mode: [] for mode in SPEED_OPTIONS}
+        warm: dict[str, list[float]] = {mode: [] for mode in SPEED_OPTIONS}
+        loads = []
+        for _ in range(rounds):  # interleaved, so a slow spell of the machine hits every path
+            loads.append(os.getloadavg()[0])
+            plain["plain eager"].append(time_plain_loop(base, dm, args.steps, args.warmup, compiled=False))
+            plain["plain compiled"].append(time_plain_loop(base, dm, args.steps, args.warmup, compiled=True))
+            for mode, (_, compiled) in SPEED_OPTIONS.items():
+                step, _, warmup_s = time_project(cfgs[mode], dm, args.steps, args.warmup, compiled)
+                times[mode].append(step)
+                warm[mode].append(warmup_s)
+        load = f"{min(loads):.1f}-{max(loads):.1f}"
+        reference = plain["plain eager"]
+        for path, t in [*plain.items(), *times.items()]:
+            ratios = [r / x for r, x in zip(reference, t)]
+            compile_s = ""
+            if path in SPEED_OPTIONS and SPEED_OPTIONS[path][1]:  # the warm-up beyond an eager one's: the compile
+                eager = "fused CE" if "fused" in path else "eager"
+                first, then = warm[path][0] - median(warm[eager]), median(warm[path][1:] or warm[path]) - median(warm[eager])
+                compile_s = f"{max(first, 0):.0f} (then {max(then, 0):.0f})"
+            memory = f"{step_peak_bytes(cfgs[path], dm, SPEED_OPTIONS[path][1]) / 2**20:,.0f}" if path in SPEED_OPTIONS else ""
+            print(f"| {name} | {path} | {tokens_per_s(base, median(t)):,.0f} | {median(reference) / median(t):.2f}x "
+                  f"({min(ratios):.2f}-{max(ratios):.2f}) | {flops / median(t) / peak:.2f} | {compile_s} | {memory} | {load} |",
+                  flush=True)
+    print("\nvs plain eager: the plain-PyTorch loop's seconds per step over this path's (median of the rounds; above 1 "
+          "is faster). compile s: the compiled path's warm-up steps beyond the eager path's, in the first round (a "
+          "cold cache) and then (inductor's caches warm). step peak: what one step allocates above what it starts "
+          "with (torch.profiler). load: the 1-minute load average at each round's start.")
+
+
 def cli_seconds(args: list[str], repeats: int = 5, env: dict[str, str] | None = None, exit_code: int = 0,
                 command: list[str] | None = None) -> float:
     """Median wall time of ``python train.py <args>`` (``--help``, ``--cfg job``, a refused value: ``exit_code`` 2):
@@ -280,6 +370,8 @@ def main() -> None:
                              "(one 2-core measurement varies by about +-10%%)")
     parser.add_argument("--quick", action="store_true", help="default config only, no compile, one round")
     parser.add_argument("--cli", action="store_true", help="only time train.py --help / --cfg job / a tab completion")
+    parser.add_argument("--options", action="store_true",
+                        help="only the speed options (compile, fused cross-entropy) against the plain loop")
     args = parser.parse_args()
     if args.cli:
         completion = {"COMP_LINE": "train.py pe=", "COMP_POINT": "12"}  # what bash passes on TAB after `pe=`
@@ -302,6 +394,9 @@ def main() -> None:
     print(f"measured fp32 matmul peak (1024^3): {peak / 1e9:.1f} GFLOP/s")
     versions = package_versions()
     print(f"versions: {versions}\n")
+    if args.options:
+        speed_options(args, rounds, peak)
+        return
 
     configs = {"default": [], "larger": LARGER}
     if args.quick:
@@ -353,7 +448,7 @@ def main() -> None:
 
     cfg = compose_cfg(["pe=sinusoidal"])
     dm = build_datamodule(cfg)
-    step_time, task = time_project(cfg, dm, args.steps, args.warmup, compiled=False)
+    step_time, task, _ = time_project(cfg, dm, args.steps, args.warmup, compiled=False)
     per_record, overhead = geometry_overhead(cfg, dm, task, step_time)
     first, per_batch = data_timings(cfg)
     print(f"\ngeometry callback (default cadence every {cfg.callbacks.geometry.every_n_steps} steps): "

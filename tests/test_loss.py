@@ -103,7 +103,7 @@ def twin_models(cls, extra, tie_weights: bool, chunk: int = 5):
     """The same model (same weights) with the plain loss and with the fused one."""
     parts = dict(vocab_size=300, d_model=32, n_heads=4, n_layers=2, embedding=partial(TokenEmbedding, tie_weights=tie_weights))
     torch.manual_seed(0)
-    plain = cls(**parts, **extra)
+    plain = cls(**parts, **extra, loss_chunk=None)
     fused = cls(**parts, **extra, loss_chunk=chunk)
     fused.load_state_dict(plain.state_dict())
     return plain, fused

@@ -47,3 +47,36 @@ def test_benchmark_baseline_has_the_project_decoders_shape():
     plain = PlainGPT(V, d, L, H, max_len=T)
     assert sum(p.numel() for p in project.parameters()) == sum(p.numel() for p in plain.parameters())
     assert training_flops_per_batch(project, batch_size=2, seq_len=T) == training_flops_per_batch(plain, batch_size=2, seq_len=T)
+
+
+def test_the_fused_loss_is_counted_as_the_same_flops():
+    """model.loss_chunk runs the head's three matmuls inside the loss's forward pass: the count (MFU) must still see
+    them, on the meta copy that has no target values."""
+    plain = DecoderLM(vocab_size=300, d_model=32, n_heads=4, n_layers=2, loss_chunk=None)
+    fused = DecoderLM(vocab_size=300, d_model=32, n_heads=4, n_layers=2, loss_chunk=7)
+    assert training_flops_per_batch(fused, batch_size=2, seq_len=16) == training_flops_per_batch(plain, batch_size=2, seq_len=16)
+
+
+def test_the_fused_loss_holds_less_than_the_full_logits():
+    """The point of model.loss_chunk: a step's peak allocation drops by about the (tokens, vocab) logits, their
+    log-softmax and their gradients, here 512 x 4096 floats = 8 MiB each, to one chunk of 64 rows (1 MiB)."""
+    import torch
+
+    from experiments.benchmark import peak_allocated_bytes
+
+    block = torch.randint(4096, (8, 65))
+    peaks = {}
+    for chunk in (None, 64):
+        torch.manual_seed(0)
+        model = DecoderLM(vocab_size=4096, d_model=32, n_heads=4, n_layers=1, loss_chunk=chunk)
+        peaks[chunk] = peak_allocated_bytes(lambda: model.loss(block).backward())
+    logits_bytes = 8 * 64 * 4096 * 4
+    assert peaks[64] < peaks[None] - 2 * logits_bytes
+
+
+def test_the_benchmarks_speed_options_are_real_settings():
+    """experiments/benchmark.py --options sets these overrides; a renamed key would fail there after minutes."""
+    from experiments.benchmark import SPEED_OPTIONS, compose_cfg
+
+    chunks = {compose_cfg(overrides).model.loss_chunk for overrides, _ in SPEED_OPTIONS.values()}
+    assert None in chunks and any(isinstance(c, int) and c >= 1 for c in chunks)

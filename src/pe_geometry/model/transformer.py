@@ -317,9 +317,14 @@ class LanguageModel(nn.Module):
     def blocks(self) -> nn.ModuleList:
         return self.input_stack.blocks
 
-    def cross_entropy(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy over every target that is not IGNORE_INDEX."""
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    def cross_entropy(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """Mean cross-entropy over every target that is not IGNORE_INDEX: the training loss, from what ``loss`` has
+        the model compute. ``outputs``: the logits (B, T', vocab), or with ``model.loss_chunk`` set the hidden states
+        (B, T', D), the head then applied inside the fused loss, ``loss_chunk`` rows at a time (model/loss.py)."""
+        chunk = getattr(self, "loss_chunk", None)  # (a peer borrowing this method has none: it computes logits)
+        if chunk is not None:
+            return head_cross_entropy(outputs, self.head.weight, targets, chunk)
+        return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
     def hidden_states(self, idx: Tensor) -> list[Tensor]:
         """The input stack's block inputs then its output: n_layers + 1 tensors (B, T, D); see ``Stack.hidden_states``."""
@@ -341,10 +346,8 @@ class LanguageModel(nn.Module):
         reduction="mean": a scalar over every target; "none": per target (B, T') in float32, NaN where a
         position has no target (an encoder's unmasked positions). ``generator`` draws an encoder's masks.
         """
-        chunk = getattr(self, "loss_chunk", None)  # (a peer borrowing this method has none: it computes logits)
-        if reduction == "mean" and chunk is not None:
-            hidden, targets = self.logits_and_targets(block, generator, head=False)
-            return head_cross_entropy(hidden, self.head.weight, targets, chunk)
+        if reduction == "mean" and getattr(self, "loss_chunk", None) is not None:  # (a peer borrowing this has none)
+            return self.cross_entropy(*self.logits_and_targets(block, generator, head=False))
         logits, targets = self.logits_and_targets(block, generator)
         if reduction == "mean":
             return self.cross_entropy(logits, targets)

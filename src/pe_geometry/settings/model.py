@@ -107,9 +107,10 @@ class ModelSettings(Settings):
     layer_pattern: Annotated[list[dict[str, Any]] | None, "entries {pe: none | {settings}, window: N | null}, cycled",
                              "null: every layer alike"] = None
     # the training loss: the head and its cross-entropy fused, this many rows at a time (model/loss.py), so the full
-    # (tokens, vocab) logits are never held; the same loss and gradients to float rounding
+    # (tokens, vocab) logits are never held: the same loss and gradients to float rounding, 1.1x the steps/s and 0.6x
+    # a step's memory on 2 CPU cores (experiments/benchmark.py --options). model=xtransformers computes its logits.
     loss_chunk: Annotated[int | None, Ge(1), "rows of logits at a time in the fused head + cross-entropy",
-                          "null: the full logits, then F.cross_entropy"] = None
+                          "null: the full logits, then F.cross_entropy"] = 1024
 
     def __post_init__(self) -> None:
         super().__post_init__()
