@@ -56,11 +56,21 @@ def test_the_benchmarks_import_nothing_from_experiments():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["tasks", "x", "--out", "y", "--examples", "0"], "pe-bench tasks: error: --examples, --bootstrap and every multiplier must be >= 1"),
-    (["tasks", "x", "--out", "y", "--multipliers", "1", "0"], "every multiplier must be >= 1"),
+    (["tasks", "x", "--out", "y", "--examples", "0"], "pe-bench tasks: error: argument --examples: 0 must be >= 1"),
+    (["tasks", "x", "--out", "y", "--multipliers", "1", "0"], "argument --multipliers: 0 must be >= 1"),
+    (["tasks", "x", "--out", "y", "--depth-bins", "0"], "argument --depth-bins: 0 must be >= 1"),  # ran, exit 0
+    (["tasks", "x", "--out", "y", "--depth-bins", "-2"], "argument --depth-bins: -2 must be >= 1"),  # ran, exit 0
+    (["tasks", "x", "--out", "y", "--seed", "-1"], "argument --seed: -1 must be >= 0"),  # numpy's traceback
+    (["tasks", "x", "--out", "y", "--bootstrap", "0"], "argument --bootstrap: 0 must be >= 1"),
+    (["extrapolation", "x", "--out", "y", "--multipliers", "0"], "argument --multipliers: 0 must be >= 1"),  # traceback
+    (["extrapolation", "x", "--out", "y", "--multipliers", "1", "-2"], "argument --multipliers: -2 must be >= 1"),
+    (["extrapolation", "x", "--out", "y", "--mask-draws", "0"], "argument --mask-draws: 0 must be >= 1"),  # traceback
+    (["extrapolation", "x", "--out", "y", "--target-len", "0"], "argument --target-len: 0 must be >= 1"),  # ran, exit 0
+    (["extrapolation", "x", "--out", "y", "--scalings", "bogus"],
+     "argument --scalings: 'bogus' is not one of linear, ntk, dynamic_ntk, yarn, llama3"),  # scored every run first
     (["tasks", "x", "--out", "y", "--contrast-tasks", "sorting"], "argument --contrast-tasks: invalid choice: 'sorting'"),
     (["extrapolation", "x", "--out", "y", "--relabel", "a=b"], "pe-bench extrapolation: error: --relabel takes OLD=NEW pairs, with --keep"),
-    (["extrapolation", "x", "--out", "y", "--multipliers", "two"], "argument --multipliers: invalid int value: 'two'"),
+    (["extrapolation", "x", "--out", "y", "--multipliers", "two"], "argument --multipliers: 'two' is not an integer"),
     (["pretrained"], "the following arguments are required: --out"),
     (["training-length", "fit"], "argument step: invalid choice: 'fit'"),
     (["sorting"], "pe-bench: error: argument BENCHMARK: invalid choice: 'sorting'"),
@@ -71,6 +81,34 @@ def test_a_bad_value_is_one_error_line_and_exit_code_2(argv, message, monkeypatc
     code, err = run_cli(argv, monkeypatch, capsys)
     assert code == 2 and message in error_line(err)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("benchmark", ["tasks", "extrapolation"])
+@pytest.mark.parametrize("option", ["--out", "--cache"])
+def test_an_output_folder_under_a_file_is_one_error_line_before_any_run_is_read(benchmark, option, monkeypatch, capsys,
+                                                                                 tmp_path):
+    (tmp_path / "a_file").write_text("kept")
+    argv = [benchmark, str(tmp_path), "--out", str(tmp_path / "out")]
+    argv += [option, str(tmp_path / "a_file" / "sub")] if option == "--cache" else []
+    if option == "--out":
+        argv[3] = str(tmp_path / "a_file" / "sub")
+    code, err = run_cli(argv, monkeypatch, capsys)
+    assert code == 2 and error_line(err).endswith(f"cannot be a folder: {tmp_path / 'a_file'} is a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # was NotADirectoryError after the scoring
+
+
+def test_the_text_benchmark_refuses_task_runs_before_scoring_any(monkeypatch, capsys, tmp_path):
+    """A data=task run's loss on longer text is not what it learned: it was scored beside text runs with exit 0."""
+    import pe_geometry.benchmarks.runs as runs
+
+    run = tmp_path / "0_decoder-rope-s0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (run / "config.yaml").write_text("data:\n  _target_: pe_geometry.data.task_datamodule.TaskDataModule\n")
+    monkeypatch.setattr(runs, "checkpoint_ending", lambda path: "finished")
+    code, err = run_cli(["extrapolation", str(tmp_path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
+    assert code == 2 and error_line(err).startswith(f"error: {run} was trained on a task (data=task)")
+    assert "pe-bench tasks" in error_line(err) and not (tmp_path / "out").exists()
 
 
 def test_no_runs_or_no_plan_is_one_error_line_before_anything_is_written(monkeypatch, capsys, tmp_path):
@@ -121,7 +159,7 @@ def test_the_console_script_refuses_a_bad_value_in_one_error_line(tmp_path):
     result = subprocess.run([pe_bench(), "tasks", str(tmp_path), "--out", str(tmp_path / "out"), "--bootstrap", "0"],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
-    assert error_line(result.stderr) == "pe-bench tasks: error: --examples, --bootstrap and every multiplier must be >= 1"
+    assert error_line(result.stderr) == "pe-bench tasks: error: argument --bootstrap: 0 must be >= 1"
     assert not (tmp_path / "out").exists()
 
 

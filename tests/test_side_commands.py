@@ -67,6 +67,32 @@ def test_pe_report_refuses_numbers_that_would_overwrite_results_with_nothing(opt
     assert (tmp_path / "run" / "length_extrapolation.json").read_text() == '{"kept": true}'
 
 
+def test_pe_report_refuses_a_corrupt_pretrained_json_or_an_out_under_a_file(tmp_path, monkeypatch, capsys):
+    from pe_geometry.cli.report import cli
+
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "a_file").write_text("kept")
+    code, err = run_script(cli, [str(tmp_path), "--pretrained-json", str(tmp_path / "bad.json")], monkeypatch, capsys)
+    assert code == 2 and f"{tmp_path / 'bad.json'} is not a readable JSON file (JSONDecodeError" in one_error_line(err)
+    code, err = run_script(cli, [str(tmp_path), "--out", str(tmp_path / "a_file" / "report")], monkeypatch, capsys)
+    assert code == 2 and one_error_line(err).endswith(f"cannot be a folder: {tmp_path / 'a_file'} is a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "bad.json"]  # nothing written
+
+
+def test_pe_report_on_runs_that_logged_no_row_exits_2_and_writes_no_report(tmp_path, monkeypatch, capsys):
+    """A run killed before its first logged step (metrics.csv with its header only) made a report of nothing, exit 0."""
+    from pe_geometry.cli.report import cli
+
+    run = tmp_path / "run"
+    (run / "csv").mkdir(parents=True)
+    (run / "csv" / "metrics.csv").write_text("step,train/loss\n")
+    (run / "config.yaml").write_text("model:\n  _target_: pe_geometry.model.DecoderLM\n"
+                                     "pe:\n  _target_: pe_geometry.model.RotaryPE\nseed: 0\n")
+    code, err = run_script(cli, [str(tmp_path), "--no-pretrained"], monkeypatch, capsys)
+    assert code == 2 and one_error_line(err).startswith(f"error: no logged rows under {tmp_path}: every run's metrics.csv")
+    assert not (tmp_path / "report").exists()
+
+
 def test_pe_report_on_a_missing_or_empty_folder_exits_2(tmp_path, monkeypatch, capsys):
     from pe_geometry.cli.report import cli
 
@@ -96,6 +122,18 @@ GENERATE_BAD = [
     ("seed", "x", "seed='x' must be an integer"),
     ("max_new_tokens", 1.5, "max_new_tokens=1.5 must be an integer"),
 ]
+
+
+def test_pe_generate_refuses_a_key_it_does_not_have_naming_the_closest():
+    """``+tempreture=0.5`` (a typo Hydra's + adds) sampled at the default temperature without a word."""
+    from pe_geometry.cli.generate import CONFIG_PATH, GenerateError, check_keys
+
+    cfg = OmegaConf.load(CONFIG_PATH)
+    check_keys(cfg)  # every key of its own file passes
+    cfg.tempreture = 0.5
+    with pytest.raises(GenerateError) as err:
+        check_keys(cfg)
+    assert str(err.value).startswith("tempreture is not an option of pe-generate; did you mean temperature? (options: ")
 
 
 @pytest.mark.parametrize("key, value, message", GENERATE_BAD, ids=[f"{k}={v}" for k, v, _ in GENERATE_BAD])

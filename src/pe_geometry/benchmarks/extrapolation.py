@@ -33,21 +33,24 @@ import platform
 import time
 from pathlib import Path
 
+from pe_geometry.benchmarks.options import at_least, one_of, output_folder
+from pe_geometry.settings.positional import ROPE_SCALINGS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (or run folders) with trained runs")
     parser.add_argument("--include-unfinished", action="store_true",
                         help="score runs killed before trainer.max_steps where they stopped (refused otherwise)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for extrapolation.{json,md,png}, position_attention.png")
-    parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--target-len", type=int, default=None,
+    parser.add_argument("--out", type=output_folder, required=True, help="folder for extrapolation.{json,md,png}, position_attention.png")
+    parser.add_argument("--multipliers", type=at_least(1), nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--target-len", type=at_least(1), default=None,
                         help="scored tokens per window (default seq_len: at 1x, every target of the training window)")
-    parser.add_argument("--scalings", nargs="*", default=["linear", "ntk", "dynamic_ntk", "yarn"],
+    parser.add_argument("--scalings", nargs="*", type=one_of(ROPE_SCALINGS[1:]), default=["linear", "ntk", "dynamic_ntk", "yarn"],
                         help="inference-time RoPE scalings to score the RoPE runs with (none: --scalings)")
-    parser.add_argument("--mask-draws", type=int, default=4,
+    parser.add_argument("--mask-draws", type=at_least(1), default=4,
                         help="masked-LM runs: independent mask draws scored per window (1 leaves ~10 of 64 targets; "
                              "4 brings the loss's standard error under 1 %%); decoders ignore it")
-    parser.add_argument("--cache", type=Path, default=None,
+    parser.add_argument("--cache", type=output_folder, default=None,
                         help="folder keeping each run's scores: a rerun scores only new or retrained runs")
     parser.add_argument("--keep", type=Path, default=None, metavar="EXTRAPOLATION_JSON",
                         help="an earlier extrapolation.json (same protocol) whose families this call does not score "

@@ -48,6 +48,7 @@ import platform
 import time
 from pathlib import Path
 
+from pe_geometry.benchmarks.options import at_least, output_folder
 from pe_geometry.data.tasks import TASKS
 
 QUICK = {"multipliers": [1, 2, 4], "examples": 128, "bootstrap": 200}
@@ -57,19 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (or run folders) of data=task runs")
     parser.add_argument("--include-unfinished", action="store_true",
                         help="score runs killed before trainer.max_steps where they stopped (refused otherwise)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for length_tasks.{json,md,png}")
-    parser.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--examples", type=int, default=256, help="evaluation examples per task and length")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the examples and the bootstrap (the same for every run)")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the examples")
-    parser.add_argument("--depth-bins", type=int, default=5, help="passkey: depth bins of the depth x length grid")
-    parser.add_argument("--cache", type=Path, help="keep each run's scores here and reuse them while its step and the "
+    parser.add_argument("--out", type=output_folder, required=True, help="folder for length_tasks.{json,md,png}")
+    parser.add_argument("--multipliers", type=at_least(1), nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--examples", type=at_least(1), default=256, help="evaluation examples per task and length")
+    parser.add_argument("--seed", type=at_least(0), default=0, help="seeds the examples and the bootstrap (the same for every run)")
+    parser.add_argument("--bootstrap", type=at_least(1), default=1000, help="bootstrap resamples of the examples")
+    parser.add_argument("--depth-bins", type=at_least(1), default=5, help="passkey: depth bins of the depth x length grid")
+    parser.add_argument("--cache", type=output_folder, help="keep each run's scores here and reuse them while its step and the "
                         "protocol are the same")
     parser.add_argument("--quick", action="store_true", help="1x/2x/4x, 128 examples, 200 resamples (the slow test)")
     parser.add_argument("--contrast", nargs=2, action="append", default=[], metavar=("ARM", "CONTROL"),
                         help="test ARM against CONTROL (arm labels as the tables print them) on every task both ran: "
                              "token accuracy at --contrast-at x, exact permutation over seeds, Holm over all")
-    parser.add_argument("--contrast-at", type=int, default=4, help="the multiplier the contrasts read (default 4)")
+    parser.add_argument("--contrast-at", type=at_least(1), default=4, help="the multiplier the contrasts read (default 4)")
     parser.add_argument("--plan", type=Path, default=None,
                         help="a committed analysis plan (experiments/plans/*.yaml): its pairs, metric, length and seeds are "
                              "the contrasts, reported as the confirmatory finding (instead of --contrast)")

@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``minimum``, else argparse's one-line error naming the value (exit code 2)
-    before anything is read or written (0 multipliers or batches would score nothing and write n/a over a result)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
-        return value
-
-    parse.__name__ = f"integer >= {minimum}"  # argparse names the type in its message
-    return parse
-
+from pe_geometry.benchmarks.options import at_least as int_at_least  # noqa: F401  (the commands' argparse type)
 
 positive_int = int_at_least(1)
 

@@ -38,6 +38,18 @@ def _is_number(value: object) -> bool:  # nan and inf are not settings: nan > 0 
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def check_keys(cfg: DictConfig) -> None:
+    """Every key is one configs/generate.yaml has: ``+tempreture=0.5`` (a typo Hydra's ``+`` adds) would otherwise
+    sample at the default temperature without a word."""
+    import difflib
+
+    known = set(OmegaConf.load(CONFIG_PATH)) - {"defaults", "hydra"}
+    for key in (k for k in cfg if k not in known and k not in ("hydra", "defaults")):
+        close = difflib.get_close_matches(str(key), sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise GenerateError(f"{key} is not an option of pe-generate{hint} (options: {', '.join(sorted(known))})")
+
+
 def check_options(cfg: DictConfig) -> None:
     for key in ("max_new_tokens", "num_samples", "seed"):
         if not _is_int(cfg[key]):
@@ -112,6 +124,7 @@ def run(cfg: DictConfig) -> list[str]:
     from pe_geometry.model.sampling import fill_masks, generate, prompt_ids
     from pe_geometry.training.run_loader import load_trained_run
 
+    check_keys(cfg)
     check_options(cfg)
     device = pick_device(cfg.device)
     loaded = load_trained_run(cfg.ckpt_path, device, pe_overrides=OmegaConf.to_container(cfg.get("pe") or {}))

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
+from pe_geometry.benchmarks.options import json_file, output_folder
 from pe_geometry.cli import console_script, int_at_least, positive_int
 from pe_geometry.extras import exit_on_missing_extra
 
@@ -26,8 +27,8 @@ with exit_on_missing_extra():  # a missing extra: one error line naming it, exit
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("multirun", type=Path, help="a sweep directory (multirun/<date>/<time>) or any folder of runs")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: <multirun>/report)")
-    parser.add_argument("--pretrained-json", type=Path, default=None,
+    parser.add_argument("--out", type=output_folder, default=None, help="output folder (default: <multirun>/report)")
+    parser.add_argument("--pretrained-json", type=json_file, default=None,
                         help="MiniLM analysis from `pe-pretrained --json PATH`; computed and saved there if missing")
     parser.add_argument("--no-pretrained", action="store_true", help="skip the pretrained-checkpoint comparison")
     parser.add_argument("--no-extrapolation", action="store_true",

@@ -238,8 +238,8 @@ def run() -> None:
     sweep = "-m" in argv or "--multirun" in argv
     try:
         from pe_geometry.extras import missing_extra_for
-        from pe_geometry.training.run_folder import overwrites_a_run, stage_resume, with_run_choices
         from pe_geometry.training.option_keys import key_of_another_option
+        from pe_geometry.training.run_folder import overwrites_a_run, stage_resume, with_run_choices
 
         if problem := unusable_run_dir(argv) or missing_extra_for(argv) or overwrites_a_run(argv):
             print(f"error: {problem}", file=sys.stderr)

@@ -265,6 +265,14 @@ def build_report(
     runs = find_runs(source)
     if not runs:
         raise SystemExit(f"error: no runs under {source} (a run has config.yaml and csv/metrics.csv)")
+    # a metrics.csv with its header only (a run killed before its first logged step): nothing to report on
+    empty = [r for r in runs if not any(len(steps) for steps, _ in r.series.values())]
+    if len(empty) == len(runs):
+        raise SystemExit(f"error: no logged rows under {source}: every run's metrics.csv holds its header only "
+                         f"({len(runs)} run(s), e.g. {empty[0].path}); resume it with ckpt_path=auto or train it again")
+    for r in empty:
+        log.warning("%s: its metrics.csv holds its header only, left out of the report", r.path)
+    runs = [r for r in runs if all(r is not e for e in empty)]
     if at != "last":
         check_checkpoints_at(runs, at, verdict)
     out.mkdir(parents=True, exist_ok=True)
