@@ -152,15 +152,18 @@ def plot(summary: dict, chance: dict, multipliers: list[int], path: Path) -> Non
     tasks = sorted(summary)
     fig, axes = plt.subplots(2, len(tasks), figsize=(4.2 * len(tasks), 7), squeeze=False)
     families = sorted({f for t in tasks for f in summary[t]})
-    cmap = plt.get_cmap("tab20")
+    # ten distinct hues, then the same hues dashed, then dash-dotted, each with its own marker: tab20's pairs of
+    # near-identical blues (and its wrap at 20) made two of 21 arms look alike
+    colors, styles, markers = plt.get_cmap("tab10").colors, ("-", "--", "-."), ("o", "s", "^")
     for col, task in enumerate(tasks):
         for row, metric in enumerate(("token_accuracy", "exact_match")):
             ax = axes[row][col]
             for family, entry in summary[task].items():
                 xs = [m for m in multipliers if "na" not in entry["lengths"][str(m)]]
                 cells = [entry["lengths"][str(m)] for m in xs]
-                color = cmap(families.index(family) % 20)
-                ax.plot(xs, [c[metric] for c in cells], marker="o", ms=3, color=color, label=family)
+                k = families.index(family)
+                color, style, marker = colors[k % 10], styles[k // 10 % 3], markers[k // 10 % 3]
+                ax.plot(xs, [c[metric] for c in cells], style, marker=marker, ms=3, color=color, label=family)
                 ax.fill_between(xs, [c[f"{metric}_min"] for c in cells], [c[f"{metric}_max"] for c in cells],
                                 color=color, alpha=0.15, linewidth=0)
             for seq_len, by_m in chance.get(task, {}).items():
@@ -197,7 +200,10 @@ def markdown(payload: dict, plan_path: Path | None, plan: dict | None, out: Path
     return (
         f"# Length generalisation on tasks\n\n{len(runs)} runs from {sweeps} (`pe-bench tasks "
         f"<folders> --out <here>`); {payload['protocol']}. Chance lines (`data.tasks.window_chance` on the same examples): "
-        "a model that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet.\n\n"
+        "a model that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet. "
+        "Every example here is full-size (as large as the block holds), so the 1x scores are below the "
+        "`val/answer_accuracy` and `val/answer_exact_match` a run logs in training, which read examples of every size up "
+        "to that (`data.sizes=up_to`, the default).\n\n"
         f"## At a glance\n\n{glance_table(summary, chance, multipliers)}\n\n## Per task\n\n"
         f"{markdown_tables(summary, chance, multipliers)}\n\n![accuracy vs length](length_tasks.png)\n\n"
         + (f"## Contrasts\n\n{contrast_preamble(tested, plan_path, out, plan)}Each arm against its control, "

@@ -54,7 +54,8 @@ def run_summary(metrics: dict[str, float], callbacks: Iterable, output_dir: Path
         lines.append(f"  final val/loss {val:.4f}  (perplexity {math.exp(min(val, 50)):.1f})")
     tokens, exact = metrics.get("val/answer_accuracy"), metrics.get("val/answer_exact_match")
     if tokens is not None and exact is not None:  # data=task: the loss is per answer token; these are what it means
-        lines.append(f"  final answer accuracy {tokens:.3f} of answer tokens, exact match {exact:.3f} of examples")
+        lines.append(f"  final answer accuracy {tokens:.3f} of answer tokens, exact match {exact:.3f} of examples "
+                     "(sizes as data.sizes draws them; pe-bench tasks scores full-size ones)")
     lines += [f"  {line}" for line in callback_lines(callbacks)]
     lines.append(f"  run folder: {output_dir}")
     if (output_dir / "csv" / "metrics.csv").is_file():  # the report reads the CSV log (absent with logger=none)
