@@ -179,6 +179,9 @@ REFUSALS = [
      "positions of [0, pe.randomize_positions)"),
     (["pe=alibi", "pe.randomize_positions=-1"],
      "pe.randomize_positions=-1 must be an integer in [0, 1048576] (positions drawn from in training; 0: off), or null for off"),
+    (["pe=alibi", "pe.randomize_positions=1000000000000"],  # passed every check, then the first step asked for 128 TB
+     "pe.randomize_positions=1000000000000 must be an integer in [0, 1048576] (positions drawn from in training; 0: off), "
+     "or null for off"),
 ]
 
 
