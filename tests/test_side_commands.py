@@ -8,6 +8,7 @@ import math
 import sys
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 
@@ -173,3 +174,17 @@ def test_a_corpus_path_too_long_for_the_file_system_is_a_corpus_error_naming_it_
     assert len(message) < 300 and "characters)" in message
     with pytest.raises(CorpusError, match=r"corpus file\(s\) not found: \["):
         TextFilesCorpus(train_files=[str(tmp_path / "missing.txt")]).splits()
+
+
+@pytest.mark.parametrize("scaling, factor, warned", [("llama3", 1.0, True), ("linear", 1.0, True), ("llama3", 4.0, False),
+                                                     ("none", 1.0, False)])
+def test_pe_generate_says_when_a_rope_scaling_changes_nothing(scaling, factor, warned):
+    """pe.scaling=llama3 alone (factor 1) generated RoPE's own text without a word (issue 53 item 7, pe-generate)."""
+    from pe_geometry.cli.generate import unscaled_line
+    from pe_geometry.model import RotaryPE
+
+    pe = RotaryPE(d_model=16, n_heads=2, scaling=scaling, scaling_factor=factor, training_length=32)
+    line = unscaled_line(torch.nn.Sequential(pe))
+    assert (line is not None) is warned
+    if warned:
+        assert line.startswith(f"warning: pe.scaling={scaling} at pe.scaling_factor=1 changes no frequency")

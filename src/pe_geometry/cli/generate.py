@@ -76,6 +76,18 @@ def check_options(cfg: DictConfig) -> None:
     resolve_context(cfg.context, seq_len=1)  # a bad value fails before the checkpoint loads
 
 
+def unscaled_line(model) -> str | None:
+    """A warning when a RoPE scaling is asked for at factor 1, which changes no frequency (``pe.scaling=llama3`` alone
+    reads as RoPE itself, silently): as pe-train says at start."""
+    for module in model.modules():
+        settings = getattr(module, "settings", None)
+        scaling = getattr(settings, "scaling", "none")
+        if scaling in ("linear", "ntk", "yarn", "llama3") and getattr(settings, "scaling_factor", None) == 1:
+            return (f"warning: pe.scaling={scaling} at pe.scaling_factor=1 changes no frequency: the text is RoPE's own; "
+                    "set pe.scaling_factor > 1 (how many times the training length)")
+    return None
+
+
 CONTEXT_CHOICES = "train (the training length, default), full (the whole text), or a number of tokens >= 1"
 
 
@@ -135,6 +147,8 @@ def run(cfg: DictConfig) -> list[str]:
     context = resolve_context(cfg.context, seq_len)
     text_len = len(ids) + (0 if isinstance(model, EncoderMLM) else cfg.max_new_tokens - 1)
     if line := context_line(context, seq_len, text_len):
+        print(line, file=sys.stderr)
+    if line := unscaled_line(model):
         print(line, file=sys.stderr)
     if loaded.config.get("pe", {}).get("shuffle"):
         print("note: this run was trained with pe.shuffle=true (a control: every forward reads the position rows in a "
