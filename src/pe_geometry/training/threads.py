@@ -10,10 +10,13 @@ gives each job its share already (``hydra_plugins.pe_geometry.launchers``).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 PROC_STAT = Path("/proc/stat")
@@ -54,3 +57,76 @@ def choose_threads(torch_default: int, environ: dict | None = None, idle: float 
         return torch_default, "torch's default (how busy the cores are is unknown here)"
     threads = max(1, min(torch_default, math.floor(idle + 0.5)))
     return threads, f"{idle:.1f} of {os.cpu_count()} cores idle at the start; OMP_NUM_THREADS=N to choose"
+
+
+def own_cpu_seconds() -> float:
+    """CPU time this process (all its threads) has used: what it takes of the cores itself."""
+    times = os.times()
+    return times.user + times.system
+
+
+def others_busy_cores(before: tuple[tuple[int, int], float], after: tuple[tuple[int, int], float],
+                      cores: int, ticks_per_second: float) -> float | None:
+    """How many cores other processes kept busy between two samples ``((idle, total) jiffies, own CPU seconds)``:
+    the machine's busy time less this process's own (a run counting its own threads as load would shed them)."""
+    (idle0, total0), own0 = before
+    (idle1, total1), own1 = after
+    if total1 <= total0:
+        return None
+    span = (total1 - total0) / cores  # jiffies per core over the interval
+    busy = (total1 - total0) - (idle1 - idle0)
+    own = (own1 - own0) * ticks_per_second
+    return max(0.0, busy - own) / span
+
+
+class ThreadFollower:
+    """Moves torch's thread count with the machine while a run trains: at each look (the callback
+    ``training.callbacks.FollowTheMachine``, every ``every_n_steps`` optimiser steps) it measures how many cores other
+    processes held since the last look, and uses the rest (at least 1, at most the count torch would take). A change
+    needs two looks in a row that agree (one busy second elsewhere does not move it) and is logged. The pipeline adds
+    it only where it chose the count itself: with ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) set, under DDP, or
+    without /proc/stat the count stays as given. Before: started beside a CPU-bound process that ended early, a run
+    kept its one thread for its whole life (0.54x the plain-PyTorch loop, issue 54)."""
+
+    def __init__(self, threads: int, most: int, stat: Path = PROC_STAT, set_threads=None, cores: int | None = None,
+                 clock=own_cpu_seconds) -> None:
+        import torch
+
+        self.threads, self.most, self.stat = threads, most, stat
+        self.set_threads = set_threads or torch.set_num_threads
+        self.cores = cores or os.cpu_count() or 1
+        self.clock = clock
+        self.ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last: tuple[tuple[int, int], float] | None = None
+        self._pending: int | None = None
+        self.changes: list[tuple[int, int, int]] = []  # (step, from, to)
+
+    def sample(self) -> tuple[tuple[int, int], float] | None:
+        times = cpu_times(self.stat)
+        return None if times is None else (times, self.clock())
+
+    def start(self) -> None:
+        self._last = self.sample()
+
+    def look(self, step: int) -> None:
+        """One look: the target count from the load since the last look; a change once two looks agree."""
+        now = self.sample()
+        if now is None or self._last is None:
+            self._last = now
+            return
+        held = others_busy_cores(self._last, now, self.cores, self.ticks)
+        self._last = now
+        if held is None:
+            return
+        target = max(1, min(self.most, math.floor(self.cores - held + 0.5)))
+        if target == self.threads:
+            self._pending = None
+            return
+        if self._pending != target:
+            self._pending = target  # the first look that asks for it: wait for a second
+            return
+        log.info("threads: %d -> %d at step %d (other processes held ~%.1f of %d cores)", self.threads, target,
+                 step, held, self.cores)
+        self.changes.append((step, self.threads, target))
+        self.set_threads(target)
+        self.threads, self._pending = target, None
