@@ -153,3 +153,37 @@ def test_a_step_computes_the_same_numbers_with_one_or_two_threads():
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
     for g1, g2 in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("pe_geometry.cli.report", ["{folder}", "--no-pretrained"]),
+    ("pe_geometry.cli.bench", ["extrapolation", "{folder}", "--out", "{folder}/out"]),
+    ("pe_geometry.cli.extrapolate", ["{folder}/missing"]),
+    ("pe_geometry.cli.verdict", ["{folder}"]),
+])
+def test_every_side_command_chooses_its_threads_as_a_run_does(command, argv, tmp_path, monkeypatch):
+    """pe-report, pe-bench, pe-extrapolate, pe-verdict took torch's default (every core) whatever the load."""
+    import importlib
+
+    import pe_geometry.training.threads as threads
+
+    calls = []
+    monkeypatch.setattr(threads, "use_idle_cores", lambda: calls.append(1) or (1, "test"))
+    main = importlib.import_module(command).main
+    with pytest.raises(SystemExit):  # an empty folder: refused after the threads are chosen
+        main([a.format(folder=tmp_path) for a in argv])
+    assert calls == [1]
+
+
+def test_use_idle_cores_sets_torchs_count_by_the_runs_rule(monkeypatch):
+    import torch
+
+    import pe_geometry.training.threads as threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "choose_threads", lambda default: (1, "1.0 of 2 cores idle at the start"))
+    try:
+        assert threads.use_idle_cores() == (1, "1.0 of 2 cores idle at the start")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

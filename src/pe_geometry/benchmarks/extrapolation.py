@@ -69,7 +69,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     relabel = dict(pair.split("=", 1) for pair in args.relabel if "=" in pair)
     if len(relabel) != len(args.relabel) or (relabel and args.keep is None):
         parser.error("--relabel takes OLD=NEW pairs, with --keep")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     start = time.perf_counter()
     results = score_runs(args.folders, args.multipliers, args.target_len, args.scalings, cache=args.cache,
                          mask_draws=args.mask_draws, include_unfinished=args.include_unfinished)

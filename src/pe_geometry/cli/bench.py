@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None):
     """Run one benchmark; returns what it returns (the payload its JSON holds), for a Python caller."""
     main_parser, subparsers = parser()
     args = main_parser.parse_args(argv)
+    from pe_geometry.training.threads import use_idle_cores
+
+    use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
     module = importlib.import_module(f"pe_geometry.benchmarks.{BENCHMARKS[args.benchmark]}")
     with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2, before any run is read
         if args.benchmark not in QUIET_NUMPY:

@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-batches", type=positive_int, default=8,
                         help="validation tokens = max_batches x batch_size x seq_len")
     args = parser.parse_args(argv)
+    from pe_geometry.training.threads import use_idle_cores
+
+    use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
     missing = [str(run) for run in args.runs if not run.exists()]
     if missing:
         parser.error(f"no such run folder or checkpoint: {', '.join(missing)}")

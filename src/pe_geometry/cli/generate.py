@@ -138,6 +138,9 @@ def run(cfg: DictConfig) -> list[str]:
 
     check_keys(cfg)
     check_options(cfg)
+    from pe_geometry.training.threads import use_idle_cores
+
+    use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
     device = pick_device(cfg.device)
     loaded = load_trained_run(cfg.ckpt_path, device, pe_overrides=OmegaConf.to_container(cfg.get("pe") or {}))
     model, tokenizer = loaded.model, loaded.tokenizer

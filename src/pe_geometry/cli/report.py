@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--at", choices=["last", "best"], default="last",
                         help="weights the verdict measures: last (default) or best = checkpoints/best.ckpt, the lowest val/loss")
     args = parser.parse_args(argv)
+    from pe_geometry.training.threads import use_idle_cores
+
+    use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with exit_on_missing_extra():
         summary = build_report(args.multirun, args.out, args.pretrained_json, extrapolation=not args.no_extrapolation,

@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--update-report", action="store_true",
                         help="rewrite the '## Verdict' section of each REPORT/report.md from its summary.json (nothing else)")
     args = parser.parse_args(argv)
+    from pe_geometry.training.threads import use_idle_cores
+
+    use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
     if args.plot and not args.by_size:
         parser.error("--plot draws the size curve: use it with --by-size")
     if args.compact and args.by_size:
