@@ -14,9 +14,10 @@ Every figure is measured in this run on this machine:
 4. geometry-callback overhead at its default cadence, as % of training time;
 5. data pipeline: time to first batch from a warm cache, and data wait per step.
 
-``--options`` measures the speed options instead: for each config, the project's path eager, compiled
+``--options`` measures the speed options instead: for each config, the project's model eager, compiled
 (``compile=true``), with the fused head + cross-entropy (``model.loss_chunk``), and both, each against the plain loop
-(eager, the reference) measured in the same rounds, with MFU, compile time and each step's peak allocation.
+(eager, the reference), all running the same bare step in interleaved slices; with MFU, compile time and each step's
+peak allocation.
 """
 
 from __future__ import annotations
@@ -120,11 +121,9 @@ def time_plain_loop(cfg, datamodule, steps: int, warmup: int, compiled: bool) ->
 # ----------------------------------------------------------------------------- the project's real path
 class StepTimer(L.Callback):
     def __init__(self, warmup: int) -> None:
-        self.warmup, self.begin, self.start, self.end = warmup, None, None, None
+        self.warmup, self.start, self.end = warmup, None, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == 0:
-            self.begin = time.perf_counter()  # the warm-up steps (a compiled model compiles in the first) run from here
         if trainer.global_step == self.warmup:
             self.start = time.perf_counter()
 
@@ -142,8 +141,8 @@ def compose_cfg(overrides: list[str]):
     return cfg
 
 
-def time_project(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> tuple[float, LanguageModelTask, float]:
-    """Seconds per step through LightningModule + Trainer, as train.py runs it; the task; seconds of the warm-up steps."""
+def time_project(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> tuple[float, LanguageModelTask]:
+    """Seconds per step through LightningModule + Trainer, as train.py runs it."""
     L.seed_everything(0, verbose=False)
     model = build_model(cfg, datamodule)
     if compiled:
@@ -156,7 +155,7 @@ def time_project(cfg, datamodule, steps: int, warmup: int, compiled: bool) -> tu
         callbacks=[timer],
     )
     trainer.fit(task, datamodule=datamodule)
-    return (timer.end - timer.start) / steps, task, timer.start - timer.begin
+    return (timer.end - timer.start) / steps, task
 
 
 # ----------------------------------------------------------------------------- the rest
@@ -273,60 +272,65 @@ def peak_allocated_bytes(step: Callable[[], object]) -> int:
     return peak
 
 
-def step_peak_bytes(cfg, datamodule, compiled: bool) -> int:
-    """Peak bytes one bare training step allocates above what it starts with: activations, the logits and their
-    gradients (or the fused loss's chunk), the new parameter gradients."""
-    model = build_model(cfg, datamodule)
-    if compiled:
-        model.compile()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    batches = iter(datamodule.train_dataloader())
-    for _ in range(2):  # compile, and AdamW's state
-        bare_training_step(model, opt, next(batches))
-    block = next(batches)
-    return peak_allocated_bytes(lambda: bare_training_step(model, opt, block))
-
-
 def speed_options(args, rounds: int, peak: float) -> None:
-    """The table of --options: per config, plain eager (the reference) and plain compiled, then each speed option of
-    the project's path; every figure of a config is measured in the same interleaved rounds."""
-    configs = {"default": [], "larger": LARGER}
-    print("| config | path | tok/s | vs plain eager (range over rounds) | MFU | compile s | step peak MiB | load |")
+    """The table of --options. Per config, every path is built once (plain eager, the reference; plain compiled; the
+    project's model at each speed option), warmed up (the compile), then all run the same bare step (loss, backward,
+    clipping, AdamW: ``bare_training_step``) in short interleaved slices, so a slow spell of a shared machine hits
+    every path alike (whole 20-step fits one after another gave per-round ratios from 0.1 to 3 on a loaded 2-core
+    VM). The Lightning loop around the project's step is the default run's comparison (project / plain there)."""
+    import numpy as np
+
+    slice_steps, n_slices = max(1, args.steps // 4), 4 * rounds
+    print(f"{n_slices} interleaved slices of {slice_steps} steps per path after {args.warmup} warm-up steps\n")
+    print("| config | path | tok/s | vs plain eager (quartiles) | MFU | compile s | step peak MiB | load |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, overrides in configs.items():
+    for name, overrides in {"default": [], "larger": LARGER}.items():
         base = compose_cfg(["pe=learned", *overrides])
         dm = build_datamodule(base)
         flops = training_flops_per_batch(build_model(base, dm), base.data.batch_size, base.data.seq_len)
-        cfgs = {mode: compose_cfg(["pe=learned", *overrides, *extra]) for mode, (extra, _) in SPEED_OPTIONS.items()}
-        plain: dict[str, list[float]] = {"plain eager": [], "plain compiled": []}
-        times: dict[str, list[float]] = {mode: [] for mode in SPEED_OPTIONS}
-        warm: dict[str, list[float]] = {mode: [] for mode in SPEED_OPTIONS}
+        batches = iter(dm.train_dataloader())
+        block = next(batches)
+        m = base.model
+        paths: dict[str, tuple[nn.Module, bool]] = {}
+        for compiled in (False, True):
+            paths[f"plain {'compiled' if compiled else 'eager'}"] = (
+                PlainGPT(dm.vocab_size, m.d_model, m.n_layers, m.n_heads, dm.seq_len), compiled)
+        for mode, (extra, compiled) in SPEED_OPTIONS.items():
+            L.seed_everything(0, verbose=False)
+            paths[mode] = (build_model(compose_cfg(["pe=learned", *overrides, *extra]), dm), compiled)
+        optimizers, warm, memory = {}, {}, {}
+        for path, (model, compiled) in paths.items():
+            if compiled:
+                model.compile()
+            optimizers[path] = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
+            start = time.perf_counter()
+            for _ in range(args.warmup):  # the first step compiles
+                bare_training_step(model, optimizers[path], block)
+            warm[path] = time.perf_counter() - start
+            memory[path] = peak_allocated_bytes(lambda: bare_training_step(model, optimizers[path], block))
+        times: dict[str, list[float]] = {path: [] for path in paths}
         loads = []
-        for _ in range(rounds):  # interleaved, so a slow spell of the machine hits every path
+        for _ in range(n_slices):
             loads.append(os.getloadavg()[0])
-            plain["plain eager"].append(time_plain_loop(base, dm, args.steps, args.warmup, compiled=False))
-            plain["plain compiled"].append(time_plain_loop(base, dm, args.steps, args.warmup, compiled=True))
-            for mode, (_, compiled) in SPEED_OPTIONS.items():
-                step, _, warmup_s = time_project(cfgs[mode], dm, args.steps, args.warmup, compiled)
-                times[mode].append(step)
-                warm[mode].append(warmup_s)
-        load = f"{min(loads):.1f}-{max(loads):.1f}"
-        reference = plain["plain eager"]
-        for path, t in [*plain.items(), *times.items()]:
-            ratios = [r / x for r, x in zip(reference, t)]
-            compile_s = ""
-            if path in SPEED_OPTIONS and SPEED_OPTIONS[path][1]:  # the warm-up beyond an eager one's: the compile
-                eager = "fused CE" if "fused" in path else "eager"
-                first, then = warm[path][0] - median(warm[eager]), median(warm[path][1:] or warm[path]) - median(warm[eager])
-                compile_s = f"{max(first, 0):.0f} (then {max(then, 0):.0f})"
-            memory = f"{step_peak_bytes(cfgs[path], dm, SPEED_OPTIONS[path][1]) / 2**20:,.0f}" if path in SPEED_OPTIONS else ""
-            print(f"| {name} | {path} | {tokens_per_s(base, median(t)):,.0f} | {median(reference) / median(t):.2f}x "
-                  f"({min(ratios):.2f}-{max(ratios):.2f}) | {flops / median(t) / peak:.2f} | {compile_s} | {memory} | {load} |",
-                  flush=True)
-    print("\nvs plain eager: the plain-PyTorch loop's seconds per step over this path's (median of the rounds; above 1 "
-          "is faster). compile s: the compiled path's warm-up steps beyond the eager path's, in the first round (a "
-          "cold cache) and then (inductor's caches warm). step peak: what one step allocates above what it starts "
-          "with (torch.profiler). load: the 1-minute load average at each round's start.")
+            for path, (model, _) in paths.items():
+                start = time.perf_counter()
+                for _ in range(slice_steps):
+                    bare_training_step(model, optimizers[path], block)
+                times[path].append((time.perf_counter() - start) / slice_steps)
+        reference = times["plain eager"]
+        for path, t in times.items():
+            ratios = np.array(reference) / np.array(t)
+            q1, q3 = np.percentile(ratios, [25, 75])
+            compiled = paths[path][1]
+            eager = {"plain compiled": "plain eager", "compiled": "eager", "fused CE + compiled": "fused CE"}.get(path)
+            compile_s = f"{warm[path] - warm[eager]:.0f}" if compiled else ""
+            print(f"| {name} | {path} | {tokens_per_s(base, median(t)):,.0f} | {np.median(ratios):.2f}x "
+                  f"({q1:.2f}-{q3:.2f}) | {flops / median(t) / peak:.2f} | {compile_s} | {memory[path] / 2**20:,.0f} | "
+                  f"{min(loads):.1f}-{max(loads):.1f} |", flush=True)
+    print("\nvs plain eager: the plain loop's seconds per step over this path's in the same slice (above 1: faster), "
+          "median and quartiles over the slices. compile s: the warm-up steps beyond the same path eager's (inductor's caches as "
+          "found: TORCHINDUCTOR_CACHE_DIR=<new dir> for a cold compile). step peak: what one step allocates above "
+          "what it starts with (torch.profiler). load: the 1-minute load average at the slices' starts.")
 
 
 def cli_seconds(args: list[str], repeats: int = 5, env: dict[str, str] | None = None, exit_code: int = 0,
@@ -448,7 +452,7 @@ def main() -> None:
 
     cfg = compose_cfg(["pe=sinusoidal"])
     dm = build_datamodule(cfg)
-    step_time, task, _ = time_project(cfg, dm, args.steps, args.warmup, compiled=False)
+    step_time, task = time_project(cfg, dm, args.steps, args.warmup, compiled=False)
     per_record, overhead = geometry_overhead(cfg, dm, task, step_time)
     first, per_batch = data_timings(cfg)
     print(f"\ngeometry callback (default cadence every {cfg.callbacks.geometry.every_n_steps} steps): "
