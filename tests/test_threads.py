@@ -187,3 +187,151 @@ def test_use_idle_cores_sets_torchs_count_by_the_runs_rule(monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_our_own_threads_keeping_every_core_busy_is_no_reason_to_shed_one(tmp_path):
+    """The machine is 100% busy, all of it ours (2 threads on 2 cores): others hold 0, the count stays at 2."""
+    machine = FakeMachine(tmp_path)
+    follower, set_to = follower_on(machine, threads=2)
+    follower.start()
+    for step in (50, 100, 150):
+        machine.second(others=0, ours=2)
+        follower.look(step)
+    assert set_to == [] and follower.threads == 2
+
+
+# ------------------------------------------------------------------ the callback (callbacks.threads)
+
+class FakeTrainer:
+    world_size = 1
+    global_step = 0
+
+
+def callback_on(machine, monkeypatch, set_to, every_seconds=10.0):
+    """The callback of the default config, on ``machine``, its wall clock set by hand (``callback.now``)."""
+    from pe_geometry.training import thread_follower, threads
+
+    made_by = threads.ThreadFollower
+
+    def follower(now, most):
+        made = made_by(now, most, stat=machine.stat, set_threads=set_to.append, cores=2,
+                                      clock=lambda: machine.own)
+        made.ticks = 100
+        look = made.look
+        made.look = lambda step: callback.looks.append(step) or look(step)  # (the steps it looked at)
+        return made
+
+    monkeypatch.setattr(threads, "ThreadFollower", follower)
+    monkeypatch.setattr(threads, "torch_default_threads", lambda: 2)
+    monkeypatch.setattr(thread_follower.ThreadCountFollower, "why_not", staticmethod(lambda trainer: None))
+    callback = thread_follower.ThreadCountFollower(every_seconds=every_seconds)
+    callback.now, callback.looks = 0.0, []
+    callback.clock = lambda: callback.now
+    return callback
+
+
+def test_the_callback_looks_every_few_seconds_and_logs_each_change(tmp_path, monkeypatch, caplog):
+    """Started on 1 thread beside a process that has ended: looks at 10 s and 20 s (none at 15 s) agree on 2."""
+    import logging
+
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # the count the run started with
+    machine, set_to = FakeMachine(tmp_path), []
+    callback = callback_on(machine, monkeypatch, set_to)
+    trainer = FakeTrainer()
+    callback.on_train_start(trainer, None)
+    with caplog.at_level(logging.INFO, logger="pe_geometry.training.threads"):
+        for now, step in ((5, 10), (10, 20), (15, 30), (20, 40)):
+            machine.second(others=0, ours=1)
+            callback.now, trainer.global_step = now, step
+            callback.on_train_batch_end(trainer, None, None, None, 0)
+    assert callback.looks == [20, 40] and set_to == [2]
+    assert [r.getMessage() for r in caplog.records] == ["threads: 1 -> 2 at step 40 (other processes held ~0.0 of 2 cores)"]
+
+
+def test_the_callback_keeps_the_count_where_it_was_given_under_ddp_or_without_proc_stat(monkeypatch):
+    from pe_geometry.training import thread_follower, threads
+
+    for variable in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(threads, "cpu_times", lambda *stat: (0, 0))
+    follows = thread_follower.ThreadCountFollower.why_not
+    assert follows(FakeTrainer()) is None
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    assert follows(FakeTrainer()) == "MKL_NUM_THREADS=3 fixes it"
+    monkeypatch.delenv("MKL_NUM_THREADS")
+    ddp = FakeTrainer()
+    ddp.world_size = 2
+    assert "DDP" in follows(ddp)
+    monkeypatch.setattr(threads, "cpu_times", lambda *stat: None)
+    assert "unknown" in follows(FakeTrainer())
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the callback then makes no follower and its batch hook does nothing
+    callback = thread_follower.ThreadCountFollower()
+    callback.on_train_start(FakeTrainer(), None)
+    callback.on_train_batch_end(FakeTrainer(), None, None, None, 0)
+    assert callback.follower is None
+
+
+def test_the_callbacks_settings_refuse_a_look_interval_of_zero():
+    from pe_geometry.settings import SettingsError
+    from pe_geometry.training.thread_follower import ThreadCountFollower
+
+    assert ThreadCountFollower().every_seconds == 10.0
+    with pytest.raises(SettingsError, match=r"callbacks\.threads\.every_seconds=0"):
+        ThreadCountFollower(every_seconds=0)
+
+
+def test_a_fit_on_an_idle_machine_is_unchanged_by_the_follower(tmp_path, monkeypatch):
+    """A look every batch on a machine only this run uses (on 2 threads, as a run starts on an idle 2-core machine):
+    no count changes, and the losses are those of the same fit without the callback, bit for bit (it takes no random
+    numbers, touches no weights)."""
+    import lightning as L
+    import torch
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+            self.losses = []
+
+        def training_step(self, batch, batch_idx):
+            x = torch.randn(16, 8)  # the RNG: a callback drawing from it would change every later loss
+            loss = ((self.layer(x) - x.sum(1, keepdim=True)) ** 2).mean()
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(range(12), batch_size=1)
+
+    def fit(callbacks):
+        torch.manual_seed(0)
+        model = Tiny()
+        L.Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, callbacks=callbacks, default_root_dir=tmp_path).fit(model)
+        return model.losses
+
+    machine, set_to = FakeMachine(tmp_path), []
+    callback = callback_on(machine, monkeypatch, set_to, every_seconds=1.0)
+    ticking = callback.clock
+
+    def clock():  # each batch end one more second, both cores busy with this run's two threads alone
+        callback.now += 1
+        machine.second(others=0, ours=2)
+        return ticking()
+
+    callback.clock = clock
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with_follower = fit([callback])
+        without = fit([])
+    finally:
+        torch.set_num_threads(before)
+    assert callback.looks == list(range(1, 13))  # a look at every step
+    assert callback.follower.changes == [] and set_to == [] and callback.follower.threads == 2
+    assert with_follower == without and len(without) == 12

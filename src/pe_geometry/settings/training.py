@@ -93,3 +93,15 @@ class StepProgressSettings(Settings):
 
     log_every_n_steps: Annotated[int, Ge(1)] = 50
     force_lines: bool | None = None  # null: lines when stdout is not a terminal
+
+
+@component("pe_geometry.training.thread_follower.ThreadCountFollower")
+@dataclass(frozen=True)
+class ThreadFollowerSettings(Settings):
+    """How often a run looks at how many CPU cores other processes hold, to move torch's thread count to the rest
+    (``training.thread_follower``; a change needs two looks in a row that agree). Off where ``OMP_NUM_THREADS`` or
+    ``MKL_NUM_THREADS`` is set, under DDP and without /proc/stat; ``callbacks.threads=null`` turns it off."""
+
+    group: ClassVar[str] = "callbacks.threads"
+
+    every_seconds: Annotated[float, Gt(0), "of wall time between looks"] = 10.0

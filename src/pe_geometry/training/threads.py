@@ -5,11 +5,13 @@ process holding one core, 1 thread is 1.53x faster than 2 (and on a loaded machi
 against 3.7 s with 1: threads that wait on each other spin). torch's default (every physical core) is right only on an
 idle machine, so a run samples how busy the cores are for a quarter of a second before it builds anything. Set
 ``OMP_NUM_THREADS`` to choose yourself: on a cluster node, the cores the job was given. A ``local_parallel`` sweep
-gives each job its share already (``hydra_plugins.pe_geometry.launchers``).
+gives each job its share already (``hydra_plugins.pe_geometry.launchers``). While the run trains, the callback
+``callbacks.threads`` (``training.thread_follower``) moves the count with the machine (``ThreadFollower``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -20,6 +22,16 @@ log = logging.getLogger(__name__)
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 PROC_STAT = Path("/proc/stat")
+
+
+@functools.cache
+def torch_default_threads() -> int:
+    """torch's own count as this process started (every physical core): the most a run or its follower takes. Its
+    first call must come before anything sets a count (a sweep's later jobs in the same process must not inherit the
+    count an earlier job chose)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def cpu_times(stat: Path = PROC_STAT) -> tuple[int, int] | None:
@@ -81,12 +93,12 @@ def others_busy_cores(before: tuple[tuple[int, int], float], after: tuple[tuple[
 
 class ThreadFollower:
     """Moves torch's thread count with the machine while a run trains: at each look (the callback
-    ``training.callbacks.FollowTheMachine``, every ``every_n_steps`` optimiser steps) it measures how many cores other
-    processes held since the last look, and uses the rest (at least 1, at most the count torch would take). A change
-    needs two looks in a row that agree (one busy second elsewhere does not move it) and is logged. The pipeline adds
-    it only where it chose the count itself: with ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) set, under DDP, or
-    without /proc/stat the count stays as given. Before: started beside a CPU-bound process that ended early, a run
-    kept its one thread for its whole life (0.54x the plain-PyTorch loop, issue 54)."""
+    ``training.thread_follower.ThreadCountFollower``, every ``callbacks.threads.every_seconds``) it measures how many
+    cores other processes held since the last look, and uses the rest (at least 1, at most ``most``, the count torch
+    would take). A change needs two looks in a row that agree (one busy burst elsewhere does not move it) and is
+    logged. Where the count was given (``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set), under DDP, or without
+    /proc/stat the callback makes none. Before: started beside a CPU-bound process that ended early, a run kept its
+    one thread for its whole life (0.54x the plain-PyTorch loop, issue 54)."""
 
     def __init__(self, threads: int, most: int, stat: Path = PROC_STAT, set_threads=None, cores: int | None = None,
                  clock=own_cpu_seconds) -> None:
