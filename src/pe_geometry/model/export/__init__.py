@@ -10,8 +10,8 @@ transformers (the ``pretrained`` extra) is imported only where a folder is writt
 """
 
 from pe_geometry.model.export.architecture import Architecture, ExportError
-from pe_geometry.model.export.folder import read_folder, transformers_model, write_folder
+from pe_geometry.model.export.folder import logit_difference, read_folder, transformers_model, write_folder
 from pe_geometry.model.export.support import SUPPORTED, architecture_for
 
-__all__ = ["SUPPORTED", "Architecture", "ExportError", "architecture_for", "read_folder", "transformers_model",
+__all__ = ["SUPPORTED", "Architecture", "ExportError", "architecture_for", "logit_difference", "read_folder", "transformers_model",
            "write_folder"]

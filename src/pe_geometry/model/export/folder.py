@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from pe_geometry.extras import needs_extra
 from pe_geometry.model.export.architecture import Architecture, ExportError
 from pe_geometry.model.export.support import ARCHITECTURES, architecture_for
 from pe_geometry.model.export.tokenizer import EOS, fast_tokenizer
@@ -26,7 +27,8 @@ from pe_geometry.model.transformer import DecoderLM
 
 def transformers_config(architecture: Architecture, eos_id: int | None = None):
     """transformers' config object for ``architecture`` (our ``<eos>`` as its bos, eos and pad token)."""
-    from transformers import AutoConfig
+    with needs_extra("pretrained", "a transformers checkpoint"):
+        from transformers import AutoConfig
 
     tokens = {} if eos_id is None else {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}
     return AutoConfig.for_model(architecture.model_type, **architecture.config(), **tokens)
@@ -34,7 +36,8 @@ def transformers_config(architecture: Architecture, eos_id: int | None = None):
 
 def transformers_model(architecture: Architecture, eos_id: int | None = None):
     """transformers' own model (eval mode, float32) holding our weights."""
-    from transformers import AutoModelForCausalLM
+    with needs_extra("pretrained", "a transformers checkpoint"):
+        from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_config(transformers_config(architecture, eos_id), dtype=torch.float32)
     state = architecture.to_transformers()
@@ -108,7 +111,8 @@ def read_folder(model: DecoderLM, folder: Path, tokenizer: Tokenizer | None = No
         raise ExportError(f"init_from={folder} is a {model_type!r} checkpoint and this run's model (pe="
                           f"{type(model.input_stack.pe).Settings.family}) is a {architecture.model_type!r} one; "
                           f"the checkpoints init_from reads: {readable}, each with the run config that matches it")
-    from transformers import AutoConfig, AutoModelForCausalLM
+    with needs_extra("pretrained", "init_from (a transformers checkpoint)"):
+        from transformers import AutoConfig, AutoModelForCausalLM
 
     try:  # every key, its defaults filled in as transformers reads the folder
         found = AutoConfig.from_pretrained(folder).to_dict()
@@ -126,3 +130,15 @@ def read_folder(model: DecoderLM, folder: Path, tokenizer: Tokenizer | None = No
                               "corpus, data.tokenizer, data.vocab_size); its rows would be read as other tokens")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.load_state_dict(architecture.from_transformers(hf.state_dict()))
+
+
+def logit_difference(model: DecoderLM, folder: Path, ids: torch.Tensor) -> float:
+    """max |ours - theirs| / max |ours| over the next-token logits of ``ids`` (B, T), theirs read back from ``folder``
+    by transformers (``AutoModelForCausalLM.from_pretrained``): 0 up to float32 rounding for an exact export."""
+    with needs_extra("pretrained", "a transformers checkpoint"):
+        from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ours, theirs = model(ids).float(), hf(ids.to(hf.device)).logits.float().to(ids.device)
+    return float((ours - theirs).abs().max() / ours.abs().max())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer, processors
 
+from pe_geometry.extras import needs_extra
 from pe_geometry.settings.data import SPECIAL_TOKENS
 
 UNK, MASK, EOS = SPECIAL_TOKENS  # ids 0, 1, 2 in every vocabulary of ours
@@ -17,7 +18,8 @@ UNK, MASK, EOS = SPECIAL_TOKENS  # ids 0, 1, 2 in every vocabulary of ours
 
 def fast_tokenizer(tokenizer: Tokenizer):
     """A ``transformers.PreTrainedTokenizerFast`` over a copy of ``tokenizer``, with our special tokens named."""
-    from transformers import PreTrainedTokenizerFast
+    with needs_extra("pretrained", "a transformers tokenizer"):
+        from transformers import PreTrainedTokenizerFast
 
     copy = Tokenizer.from_str(tokenizer.to_str())
     eos_id = copy.token_to_id(EOS)
