@@ -283,20 +283,3 @@ class ResumableCSVLogger(CSVLogger):
             compat.set_experiment(self, _CrashSafeMetricsWriter(log_dir=self.log_dir))
         return compat.started_experiment(self)
 
-
-class FollowTheMachine(L.Callback):
-    """Every ``every_n_steps`` optimiser steps, one look of ``threads.ThreadFollower``: torch's thread count follows
-    the cores other processes leave free (added by the pipeline where it chose the count itself)."""
-
-    def __init__(self, follower, every_n_steps: int = 50) -> None:
-        self.follower, self.every_n_steps = follower, every_n_steps
-        self._looked_at: int | None = None
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.follower.start()
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        step = trainer.global_step
-        if step > 0 and step % self.every_n_steps == 0 and step != self._looked_at:  # (accumulation: one look a step)
-            self._looked_at = step
-            self.follower.look(step)

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
 from pe_geometry.extras import without_unavailable_loggers  # noqa: E402
 from pe_geometry.files import atomic_write_text  # noqa: E402
 from pe_geometry.training import interrupt, wandb_run  # noqa: E402
-from pe_geometry.training.callbacks import AtomicCheckpointIO, FollowTheMachine, StepCheckpoint, remove_partial_writes  # noqa: E402
+from pe_geometry.training.callbacks import AtomicCheckpointIO, StepCheckpoint, remove_partial_writes  # noqa: E402
 from pe_geometry.training.checkpoint_io import RunConfigInCheckpoint  # noqa: E402
 from pe_geometry.training.interrupt import GracefulStop  # noqa: E402
 from pe_geometry.training.lightning_compat import drop_wandb_init_argument  # noqa: E402
@@ -37,7 +37,7 @@ from pe_geometry.training.run_folder import adopt_staged_output, claim_run_folde
 from pe_geometry.training.run_loader import accepted_kwargs, build_datamodule, build_model  # noqa: E402
 from pe_geometry.training.summary import run_summary  # noqa: E402
 from pe_geometry.training.task import LanguageModelTask  # noqa: E402
-from pe_geometry.training.threads import THREAD_VARIABLES, ThreadFollower, choose_threads, cpu_times  # noqa: E402
+from pe_geometry.training.threads import choose_threads  # noqa: E402
 from pe_geometry.training.validate import ConfigError, check_config  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -258,13 +258,10 @@ def _train(cfg: DictConfig, run_folder_lock: ExitStack) -> dict[str, float]:
         remove_partial_writes(output_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "highest"))
-    follower = None
     if str(cfg.trainer.get("devices", 1)) == "1" and int(cfg.trainer.get("num_nodes", 1)) == 1:  # (DDP sets its own)
         n_threads, why = choose_threads(torch_default_threads())
         torch.set_num_threads(n_threads)
         log.info("torch threads: %d (%s)", n_threads, why)
-        if not why.startswith(THREAD_VARIABLES) and cpu_times() is not None:  # chosen here: follow the machine
-            follower = FollowTheMachine(ThreadFollower(n_threads, most=torch_default_threads()))
 
     datamodule = build_datamodule(cfg)
     check_batch_fits(cfg, datamodule)
@@ -279,7 +276,7 @@ def _train(cfg: DictConfig, run_folder_lock: ExitStack) -> dict[str, float]:
     exit_code = 1
     try:
         trainer: L.Trainer = instantiate(
-            cfg.trainer, callbacks=[*build_callbacks(cfg, run_config, bool(loggers), run_choices), *filter(None, [follower])],
+            cfg.trainer, callbacks=build_callbacks(cfg, run_config, bool(loggers), run_choices),
             logger=loggers or False,
             plugins=[AtomicCheckpointIO()],
             enable_model_summary=False,  # ParameterSummary (in build_callbacks) prints it when the config asks
