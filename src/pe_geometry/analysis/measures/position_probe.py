@@ -65,16 +65,50 @@ class _FoldSums:
     sxy: Tensor  # (K, D, C)
 
     def total(self, folds: Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        index = torch.as_tensor(list(folds), device=self.n.device)
-        return tuple(getattr(self, name)[index].sum(0) for name in ("n", "sx", "sxx", "sy", "syy", "sxy"))  # type: ignore[return-value]
+        # a sum of views: indexing with a tensor would first copy every (D, D) fold matrix
+        return tuple(sum(getattr(self, name)[f] for f in folds) for name in ("n", "sx", "sxx", "sy", "syy", "sxy"))  # type: ignore[return-value]
 
 
-def _ridge(sums: _FoldSums, fit: Sequence[int], alphas: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Ridge weights fitted on folds ``fit``, (n_alphas, D, C) in raw-feature units, and the fitting means mu (D,), ybar (C,).
+def _eigh(gram: Tensor) -> tuple[Tensor, Tensor]:
+    """torch.linalg.eigh, through numpy's LAPACK for a CPU matrix: at d 576 in float64 numpy's (OpenBLAS) takes
+    0.025 s against torch's (MKL) 0.045 s on one core of a 2-vCPU AMD machine, and it is the probe's largest cost
+    (experiments/benchmark_pretrained.py). The same decomposition to rounding (tests/test_probe_fast_path.py)."""
+    if gram.device.type == "cpu":
+        evals, evecs = np.linalg.eigh(gram.numpy())
+        return torch.from_numpy(evals), torch.from_numpy(evecs)
+    return torch.linalg.eigh(gram)
 
-    Same model as StandardScaler + Ridge(alpha): z = (x - mu) / s with mu, s (population
-    std, 1 where 0) from the fitting rows, w = (Z^T Z + alpha I)^-1 Z^T (y - ybar), and the
-    prediction ybar + z w. One (D, D) eigendecomposition serves every alpha and column.
+
+@dataclass
+class _Fit:
+    """A ridge fit on some folds, for every alpha and label column at once: Z^T Z = V diag(lam) V^T, the projected
+    cross-products proj = V^T Z^T (y - ybar) (D, C), the feature scale s (D,) and the fitting means mu (D,), ybar (C,)."""
+
+    evecs: Tensor
+    evals: Tensor
+    proj: Tensor
+    scale: Tensor
+    mu: Tensor
+    ybar: Tensor
+
+    def weights(self, alphas: Tensor) -> Tensor:
+        """Raw-feature weights (n_alphas, D, C), one set per alpha of ``alphas`` (n_alphas,)."""
+        shrink = self.proj[None] / (self.evals.clamp_min(0.0)[None, :, None] + alphas[:, None, None])
+        return self.evecs @ shrink / self.scale[None, :, None]
+
+    def weights_per_column(self, alphas: Tensor) -> Tensor:
+        """Raw-feature weights (D, C) with column c's own alpha ``alphas[c]``: one (D, D) x (D, C) product whatever
+        the number of alphas (the outer fit needs only the alpha its inner CV chose for each column)."""
+        shrink = self.proj / (self.evals.clamp_min(0.0)[:, None] + alphas[None, :])
+        return self.evecs @ shrink / self.scale[:, None]
+
+
+def _ridge(sums: _FoldSums, fit: Sequence[int]) -> _Fit:
+    """The ridge fit on folds ``fit``, for every alpha and column (weights: ``_Fit.weights``).
+
+    Same model as StandardScaler + Ridge(alpha): z = (x - mu) / s with mu, s (population std, 1 where 0) from the
+    fitting rows, w = (Z^T Z + alpha I)^-1 Z^T (y - ybar), and the prediction ybar + z w. One (D, D)
+    eigendecomposition serves every alpha and every column: the observed labels and all their relabellings.
     """
     n, sx, sxx, sy, _, sxy = sums.total(fit)
     mu, ybar = sx / n, sy / n  # (D,), (C,)
@@ -83,24 +117,22 @@ def _ridge(sums: _FoldSums, fit: Sequence[int], alphas: Tensor) -> tuple[Tensor,
     scale = torch.where(scale < 1e-12 * scale.max().clamp_min(1e-300), 1.0, scale)  # constant features, as StandardScaler
     gram = n * cov / torch.outer(scale, scale)  # Z^T Z
     cross = (sxy - torch.outer(mu, sy)) / scale[:, None]  # Z^T (y - ybar), (D, C)
-    evals, evecs = torch.linalg.eigh(gram)
-    proj = evecs.T @ cross  # (D, C)
-    w = evecs @ (proj[None] / (evals.clamp_min(0.0)[None, :, None] + alphas[:, None, None]))  # (n_alphas, D, C)
-    return w / scale[None, :, None], mu, ybar
+    evals, evecs = _eigh(gram)
+    return _Fit(evecs, evals, evecs.T @ cross, scale, mu, ybar)
 
 
-def _sse(sums: _FoldSums, fitted: tuple[Tensor, Tensor, Tensor], val: Sequence[int]) -> Tensor:
-    """Validation SSE on folds ``val`` of the fits ``_ridge`` returned: (n_alphas, C).
+def _sse(sums: _FoldSums, w: Tensor, fit: _Fit, val: Sequence[int]) -> Tensor:
+    """Validation SSE on folds ``val`` of weights w (..., D, C) fitted as ``fit`` (its means): (..., C).
 
     sum over validation rows of ((y - ybar) - (x - mu) w)^2, expanded into the validation
     sums, so no row is touched.
     """
-    w, mu, ybar = fitted
+    mu, ybar = fit.mu, fit.ybar
     nv, sxv, sxxv, syv, syyv, sxyv = sums.total(val)
     yy = syyv - 2 * ybar * syv + nv * ybar**2  # (C,)
     xc_y = sxyv - torch.outer(mu, syv) - torch.outer(sxv, ybar) + nv * torch.outer(mu, ybar)  # (D, C)
     xx = sxxv - torch.outer(mu, sxv) - torch.outer(sxv, mu) + nv * torch.outer(mu, mu)  # (D, D)
-    return yy[None] - 2 * (w * xc_y).sum(1) + (w * (xx @ w)).sum(1)
+    return yy - 2 * (w * xc_y).sum(-2) + (w * (xx @ w)).sum(-2)
 
 
 def _cv_r2(sums: _FoldSums, alphas: Tensor) -> Tensor:
@@ -110,28 +142,33 @@ def _cv_r2(sums: _FoldSums, alphas: Tensor) -> Tensor:
     the lowest pooled SSE over the inner folds, which are the other outer folds (each left
     out in turn from the fitting sequences): nested, grouped, and needing only fold sums.
     The inner fit that leaves out f and g is the same for outer fold f and outer fold g, so
-    K + K (K - 1) / 2 fits serve all K^2 (15 of 25 at K = 5).
+    K + K (K - 1) / 2 fits serve all K^2 (15 of 25 at K = 5). The outer fit's weights and SSE
+    are computed at each column's chosen alpha only.
     """
     K = len(sums.n)
     n_all, _, _, sy, syy, _ = sums.total(range(K))
     sst = syy - sy**2 / n_all
     sse = torch.zeros_like(sst)
-    columns = torch.arange(len(sst), device=sst.device)
-    fits: dict[frozenset[int], tuple[Tensor, Tensor, Tensor]] = {}
+    inner: dict[frozenset[int], tuple[_Fit, Tensor]] = {}  # an inner fit and its weights at every alpha
 
-    def fitted(folds: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    def inner_fit(folds: list[int]) -> tuple[_Fit, Tensor]:
         key = frozenset(folds)
-        if key not in fits:
-            fits[key] = _ridge(sums, folds, alphas)
-        return fits[key]
+        if key not in inner:
+            fit = _ridge(sums, folds)
+            inner[key] = (fit, fit.weights(alphas))
+        return inner[key]
 
     for f in range(K):
-        fit = [g for g in range(K) if g != f]
+        rest = [g for g in range(K) if g != f]
         best = torch.zeros(len(sst), dtype=torch.long, device=sst.device)
         if len(alphas) > 1:
-            inner = sum(_sse(sums, fitted([h for h in fit if h != g]), [g]) for g in fit)
-            best = inner.argmin(dim=0)  # lowest pooled inner SSE = highest pooled inner R^2
-        sse += _sse(sums, fitted(fit), [f])[best, columns]
+            pooled = 0
+            for g in rest:
+                fit, w = inner_fit([h for h in rest if h != g])
+                pooled = pooled + _sse(sums, w, fit, [g])  # (n_alphas, C)
+            best = pooled.argmin(dim=0)  # lowest pooled inner SSE = highest pooled inner R^2
+        outer = _ridge(sums, rest)
+        sse += _sse(sums, outer.weights_per_column(alphas[best]), outer, [f])
     return 1.0 - sse / sst.clamp_min(1e-300)
 
 
