@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, required=True, help="a new (or empty) folder for the checkpoint")
     args = parser.parse_args(argv)
     with exit_on_missing_extra(), needs_extra("pretrained", "pe-export"):
-        import transformers  # noqa: F401  (refused before the run loads when the extra is missing)
+        import transformers  # (refused before the run loads when the extra is missing)
+    transformers.utils.logging.disable_progress_bar()  # its per-file bars say nothing about an export
     import torch
 
     from pe_geometry.model.export import ExportError, write_folder

@@ -219,6 +219,24 @@ def check_batch_fits(cfg: DictConfig, datamodule) -> None:
                           f"of data.seq_len={cfg.data.seq_len} tokens; valid: 1 to {blocks}")
 
 
+def init_weights_from(cfg: DictConfig, model: torch.nn.Module, datamodule) -> None:
+    """``init_from=DIR``: a new run starts from the weights of a transformers checkpoint folder (what pe-export writes,
+    or any GPT-2 / GPT-NeoX folder whose config is what this run's config builds, key by key, and whose tokenizer, if it
+    has one, is the run's), so its step 0 (the geometry callback's first record) is that model. Anything else is one
+    ConfigError line naming the key that differs (model/export/folder.py)."""
+    folder = cfg.get("init_from")
+    if folder is None:
+        return
+    from pe_geometry.model.export import ExportError, read_folder
+
+    path = Path(to_absolute_path(str(folder)))
+    try:
+        read_folder(model, path, getattr(datamodule, "tokenizer", None), int(cfg.data.seq_len))
+    except ExportError as err:
+        raise ConfigError(str(err)) from None
+    log.info("init_from=%s: the model starts from that checkpoint's weights", path)
+
+
 @functools.cache
 def torch_default_threads() -> int:
     """torch's own choice, as this process started (a sweep's later jobs in the same process must not inherit the
@@ -266,6 +284,8 @@ def _train(cfg: DictConfig, run_folder_lock: ExitStack) -> dict[str, float]:
     datamodule = build_datamodule(cfg)
     check_batch_fits(cfg, datamodule)
     model = build_model(cfg, datamodule)
+    if ckpt_path is None:  # (a resumed run's weights are its checkpoint's)
+        init_weights_from(cfg, model, datamodule)
     if cfg.compile:
         model.compile()
     task = LanguageModelTask(model, optimizer=instantiate(cfg.optimizer), max_steps=cfg.trainer.max_steps)

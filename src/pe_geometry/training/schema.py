@@ -160,6 +160,7 @@ class TopLevelSettings(Settings):
     matmul_precision: Literal["highest", "high", "medium"] = what("one of ['highest', 'high', 'medium']")
     ckpt_path: str | None = what("a checkpoint path, 'last', 'auto' (last.ckpt if the run folder has one), or null")
     branch: bool = what("true or false (with ckpt_path: a new run from that checkpoint, in its own folder)", strict=True)
+    init_from: str | None = what("a transformers checkpoint folder to start from (pe-export's --out), or null")
     run_name: str = what("a string")
     model: Any = None
     pe: Any = None

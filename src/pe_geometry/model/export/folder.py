@@ -10,8 +10,8 @@ line naming the folder, the transformers key, and the config key of ours that se
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,9 @@ def write_folder(model: DecoderLM, tokenizer: Tokenizer, out: Path, training_len
     eos_id = tokenizer.token_to_id(EOS)
     hf = transformers_model(architecture, eos_id)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"  # (mkdir, not mkdtemp: the umask's permissions)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
     try:
         hf.save_pretrained(staging)
         fast_tokenizer(tokenizer).save_pretrained(staging)
