@@ -82,3 +82,7 @@ def exactness(run, folder: Path, seq_len: int) -> dict[int, float]:
 
 
 cli = console_script(main)  # pe-export
+
+
+if __name__ == "__main__":
+    cli()

@@ -20,9 +20,11 @@ from tokenizers import Tokenizer
 
 from pe_geometry.extras import needs_extra
 from pe_geometry.model.export.architecture import Architecture, ExportError
-from pe_geometry.model.export.support import ARCHITECTURES, architecture_for
+from pe_geometry.model.export.support import architecture_for
 from pe_geometry.model.export.tokenizer import EOS, fast_tokenizer
 from pe_geometry.model.transformer import DecoderLM
+
+READS = "gpt2 (pe=learned) and gpt_neox (pe=rope, pe=none)"  # what architecture_for maps our encodings to
 
 
 def transformers_config(architecture: Architecture, eos_id: int | None = None):
@@ -109,10 +111,9 @@ def read_folder(model: DecoderLM, folder: Path, tokenizer: Tokenizer | None = No
         raise ExportError(f"init_from={folder}: this run's model has no transformers architecture to read: {err}") from None
     model_type = found.get("model_type")
     if model_type != architecture.model_type:
-        readable = ", ".join(f"{name} ({cls.__name__})" for name, cls in ARCHITECTURES.items())
         raise ExportError(f"init_from={folder} is a {model_type!r} checkpoint and this run's model (pe="
                           f"{type(model.input_stack.pe).Settings.family}) is a {architecture.model_type!r} one; "
-                          f"the checkpoints init_from reads: {readable}, each with the run config that matches it")
+                          f"init_from reads {READS}, each into the run config that matches it")
     with needs_extra("pretrained", "init_from (a transformers checkpoint)"):
         from transformers import AutoConfig, AutoModelForCausalLM
 
