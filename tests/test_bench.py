@@ -69,6 +69,11 @@ def test_the_benchmarks_import_nothing_from_experiments():
     (["extrapolation", "x", "--out", "y", "--scalings", "bogus"],
      "argument --scalings: 'bogus' is not one of linear, ntk, dynamic_ntk, yarn, llama3"),  # scored every run first
     (["tasks", "x", "--out", "y", "--contrast-tasks", "sorting"], "argument --contrast-tasks: invalid choice: 'sorting'"),
+    # these three were found after every run had been scored
+    (["tasks", "x", "--out", "y", "--contrast", "a", "b", "--contrast-at", "3"],
+     "pe-bench tasks: error: --contrast-at 3 is not one of the multipliers [1, 2, 4, 8, 16]"),
+    (["tasks", "x", "--out", "y", "--plan", "p.yaml", "--contrast", "a", "b"], "--plan names its own contrasts: drop --contrast"),
+    (["tasks", "x", "--out", "y", "--plan", "missing.yaml"], "pe-bench tasks: error: --plan missing.yaml: no such file"),
     (["extrapolation", "x", "--out", "y", "--relabel", "a=b"], "pe-bench extrapolation: error: --relabel takes OLD=NEW pairs, with --keep"),
     (["extrapolation", "x", "--out", "y", "--multipliers", "two"], "argument --multipliers: 'two' is not an integer"),
     (["pretrained"], "the following arguments are required: --out"),
@@ -101,14 +106,32 @@ def test_the_text_benchmark_refuses_task_runs_before_scoring_any(monkeypatch, ca
     """A data=task run's loss on longer text is not what it learned: it was scored beside text runs with exit 0."""
     import pe_geometry.benchmarks.runs as runs
 
-    run = tmp_path / "0_decoder-rope-s0"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
-    (run / "config.yaml").write_text("data:\n  _target_: pe_geometry.data.task_datamodule.TaskDataModule\n")
-    monkeypatch.setattr(runs, "checkpoint_ending", lambda path: "finished")
+    run = fake_run(tmp_path / "0_decoder-rope-s0", task=True)
+    monkeypatch.setattr(runs, "checkpoint_ending", lambda path: pytest.fail("a checkpoint was read"))
     code, err = run_cli(["extrapolation", str(tmp_path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
     assert code == 2 and error_line(err).startswith(f"error: {run} was trained on a task (data=task)")
     assert "pe-bench tasks" in error_line(err) and not (tmp_path / "out").exists()
+
+
+def test_the_task_benchmark_refuses_text_runs_before_scoring_any(monkeypatch, capsys, tmp_path):
+    """A text run among task runs was refused only at its turn, after the task runs before it had been scored."""
+    task, text = fake_run(tmp_path / "0_decoder-rope-s0", task=True), fake_run(tmp_path / "1_decoder-rope-s0", task=False)
+    import pe_geometry.benchmarks.runs as runs
+
+    monkeypatch.setattr(runs, "checkpoint_ending", lambda path: pytest.fail("a checkpoint was read"))
+    code, err = run_cli(["tasks", str(task.parent), "--out", str(tmp_path / "out")], monkeypatch, capsys)
+    assert code == 2 and error_line(err) == (f"error: {text} was not trained with data=task: pe-bench tasks reads task "
+                                             "runs only; pe-bench extrapolation scores a text run (1 such run(s))")
+    assert not (tmp_path / "out").exists()
+
+
+def fake_run(run: Path, task: bool) -> Path:
+    """A run folder as the torch-free checks see it: config.yaml and an (empty) checkpoints/last.ckpt."""
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    module = "task_datamodule.TaskDataModule" if task else "datamodule.TextDataModule"
+    (run / "config.yaml").write_text(f"data:\n  _target_: pe_geometry.data.{module}\n")
+    return run
 
 
 def test_no_runs_or_no_plan_is_one_error_line_before_anything_is_written(monkeypatch, capsys, tmp_path):
@@ -127,6 +150,7 @@ def test_a_benchmark_without_its_extra_is_one_error_line_before_any_run_is_read(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     # imported anew, as in a process that has never had matplotlib
     monkeypatch.delitem(sys.modules, "pe_geometry.benchmarks.extrapolation_report", raising=False)
+    fake_run(tmp_path / "0_decoder-rope-s0", task=False)  # passes the torch-free checks; its checkpoint is never read
     code, err = run_cli(["extrapolation", str(tmp_path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
     line = error_line(err)
     assert code == 2 and line.startswith("error: pe-bench extrapolation's figures needs matplotlib")

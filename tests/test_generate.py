@@ -393,7 +393,7 @@ def test_cli_samples_and_reports_bad_input_in_one_line(trained_runs, tmp_path, m
 
     for bad, message in [
         (["ckpt_path=/nope/last.ckpt"], "error: ckpt_path=/nope/last.ckpt: no checkpoint file there"),
-        ([f"ckpt_path={ckpt}", "tempreature=0.5"], "error: unknown option 'tempreature'; valid: ["),
+        ([f"ckpt_path={ckpt}", "tempreature=0.5"], "error: tempreature is not an option of pe-generate; did you mean temperature?"),
         ([f"ckpt_path={ckpt}", "top_p=1.5"], "error: top_p=1.5 must be in (0, 1]"),
         ([f"ckpt_path={ckpt}", "max_new_tokens=600", "context=full"], "positions needed but the LearnedPE table has"),
         ([f"ckpt_path={ckpt}", "context=everything"], "error: context='everything'; valid: train (the training length"),

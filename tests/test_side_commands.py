@@ -113,6 +113,67 @@ def test_pe_bench_extrapolation_on_an_empty_folder_exits_2(tmp_path, monkeypatch
     assert not (tmp_path / "out").exists()
 
 
+def fake_run(run, task: bool):
+    """A run folder as the torch-free checks see it: config.yaml and an (empty, never read) checkpoints/last.ckpt."""
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    module = "task_datamodule.TaskDataModule" if task else "datamodule.TextDataModule"
+    (run / "config.yaml").write_text(f"data:\n  _target_: pe_geometry.data.{module}\n")
+    return run
+
+
+@pytest.mark.parametrize("given", ["folder", "checkpoint"])
+def test_pe_extrapolate_refuses_a_task_run_before_loading_it(given, tmp_path, monkeypatch, capsys):
+    """A data=task run's loss on longer text (its stream of examples) was scored and written with exit 0."""
+    from pe_geometry.cli.extrapolate import cli
+
+    run = fake_run(tmp_path / "0_decoder-rope-s0", task=True)
+    path = run if given == "folder" else run / "checkpoints" / "last.ckpt"
+    code, err = run_script(cli, [str(path)], monkeypatch, capsys)
+    assert code == 2 and one_error_line(err).startswith(f"error: {path} was trained on a task (data=task): ")
+    assert "pe-bench tasks" in one_error_line(err)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml"]  # no length_extrapolation.json
+
+
+def test_pe_report_gives_a_task_run_no_text_extrapolation(tmp_path, monkeypatch):
+    """pe-report scored a data=task run's stream of examples as text at 2x and 4x and wrote it into the run."""
+    import pe_geometry.analysis.readers.extrapolation as reader
+    from pe_geometry.analysis.readers.runs import Run
+    from pe_geometry.analysis.report.build import run_extrapolation
+
+    evaluated = []
+    monkeypatch.setattr(reader, "evaluate_lengths", lambda path, *args: evaluated.append(path) or {"lengths": {}})
+    runs = [Run(fake_run(tmp_path / name, task), "decoder", "rope", 0, {"data": {"_target_": target}}, {})
+            for name, task, target in [("task", True, "pe_geometry.data.task_datamodule.TaskDataModule"),
+                                       ("text", False, "pe_geometry.data.datamodule.TextDataModule")]]
+    runs[0].extrapolation = {"lengths": {"1": {}}}  # one written before: not shown beside the text runs either
+    run_extrapolation(runs, [1, 2], 8, compute=True)
+    assert evaluated == [tmp_path / "text"] and runs[0].extrapolation is None and runs[1].extrapolation == {"lengths": {}}
+
+
+UNKNOWN_KEYS = ["tempreture=0.5", "+tempreture=0.5", "++tempreture=0.5"]
+
+
+@pytest.mark.parametrize("arg", UNKNOWN_KEYS)
+def test_pe_generate_names_an_unknown_key_with_or_without_plus_before_hydra_composes(arg, monkeypatch, capsys):
+    """``+tempreture=0.5`` reached the sampler (12 s of loading, then this line); without ``+`` it was a list only."""
+    from pe_geometry.cli.generate import cli, unknown_option
+
+    line = ("tempreture is not an option of pe-generate; did you mean temperature? (options: ckpt_path, context, device, "
+            "max_new_tokens, num_samples, pe, prompt, seed, temperature, top_k, top_p, use_cache)")
+    assert unknown_option(["ckpt_path=x", arg]) == line
+    code, err = run_script(cli, ["ckpt_path=/nope/last.ckpt", arg], monkeypatch, capsys)
+    assert code == 2 and one_error_line(err) == f"error: {line}"
+
+
+@pytest.mark.parametrize("arg", ["pe.scaling=yarn", "+pe.scaling_factor=4", "hydra.run.dir=x", "~seed", "prompt=a=b",
+                                 "temperature=0"])
+def test_pe_generate_lets_its_own_keys_through(arg):
+    from pe_geometry.cli.generate import unknown_option
+
+    assert unknown_option(["ckpt_path=x", arg]) is None
+
+
 GENERATE_BAD = [
     ("temperature", math.nan, "temperature=nan must be a finite number"),
     ("temperature", math.inf, "temperature=inf must be a finite number"),
@@ -188,3 +249,60 @@ def test_pe_generate_says_when_a_rope_scaling_changes_nothing(scaling, factor, w
     assert (line is not None) is warned
     if warned:
         assert line.startswith(f"warning: pe.scaling={scaling} at pe.scaling_factor=1 changes no frequency")
+
+
+# Each is refused before torch loads (in a fraction of a second, not the 3-12 s of importing torch and Lightning on a
+# loaded machine): (console script's module, its argv); {d} is a folder holding a fake task run and a file.
+REFUSED_WITHOUT_TORCH = [
+    ("bench", ["tasks", "{d}", "--out", "{d}/out", "--depth-bins", "0"]),
+    ("bench", ["tasks", "{d}", "--out", "{d}/out", "--seed", "-1"]),
+    ("bench", ["tasks", "{d}", "--out", "{d}/a_file/out"]),
+    ("bench", ["tasks", "{d}", "--out", "{d}/out", "--cache", "{d}/a_file/cache"]),
+    ("bench", ["tasks", "{d}/text", "--out", "{d}/out"]),
+    ("bench", ["extrapolation", "{d}", "--out", "{d}/out", "--multipliers", "1", "-2"]),
+    ("bench", ["extrapolation", "{d}", "--out", "{d}/out", "--mask-draws", "0"]),
+    ("bench", ["extrapolation", "{d}", "--out", "{d}/out", "--target-len", "0"]),
+    ("bench", ["extrapolation", "{d}", "--out", "{d}/out", "--scalings", "bogus"]),
+    ("bench", ["extrapolation", "{d}/task", "--out", "{d}/out"]),
+    ("bench", ["extrapolation", "{d}/none", "--out", "{d}/out"]),
+    ("extrapolate", ["{d}/task"]),
+    ("extrapolate", ["{d}/text", "--multipliers", "0"]),
+    ("report", ["{d}", "--multipliers", "0"]),
+    ("report", ["{d}", "--null-draws", "0"]),
+    ("report", ["{d}", "--pretrained-json", "{d}/a_file"]),
+    ("report", ["{d}", "--out", "{d}/a_file/report"]),
+    ("generate", ["ckpt_path={d}/task", "+tempreture=0.5"]),
+    ("generate", ["ckpt_path={d}/task", "tempreture=0.5"]),
+]
+
+
+@pytest.mark.slow  # a fresh interpreter, so that torch is not loaded already
+def test_bad_input_to_the_side_commands_is_refused_before_torch_loads(tmp_path):
+    import json
+    import subprocess
+
+    fake_run(tmp_path / "task", task=True)
+    fake_run(tmp_path / "text", task=False)
+    (tmp_path / "none").mkdir()
+    (tmp_path / "a_file").write_text("kept")
+    cases = [(module, [a.format(d=tmp_path) for a in argv]) for module, argv in REFUSED_WITHOUT_TORCH]
+    script = f"""
+import contextlib, importlib, io, json, sys
+seen = []
+for module, argv in {cases!r}:
+    sys.argv = ["prog", *argv]
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        try:
+            importlib.import_module("pe_geometry.cli." + module).cli()
+            code = 0
+        except SystemExit as stopped:
+            code = stopped.code
+    seen.append([module, argv, code, err.getvalue().strip().splitlines()[-1:], "torch" in sys.modules])
+print(json.dumps(seen))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for module, argv, code, last, torch_loaded in json.loads(result.stdout):
+        assert code == 2 and last and "error:" in last[0], (module, argv, code, last)
+        assert not torch_loaded, (module, argv, "refused only after torch loaded")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "none", "task", "text"]  # nothing written

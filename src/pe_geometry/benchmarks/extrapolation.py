@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from pe_geometry.benchmarks.options import at_least, one_of, output_folder
+from pe_geometry.benchmarks.runs import found_run_dirs, refuse_task_runs
 from pe_geometry.settings.positional import ROPE_SCALINGS
 
 
@@ -59,6 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --keep: rename a kept family (e.g. cope='cope (p_max 64)')")
 
 
+def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """What is refused before torch loads: --relabel without --keep, no runs, a data=task run."""
+    relabel = [pair for pair in args.relabel if "=" in pair]
+    if len(relabel) != len(args.relabel) or (relabel and args.keep is None):
+        parser.error("--relabel takes OLD=NEW pairs, with --keep")
+    refuse_task_runs(found_run_dirs(args.folders))
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     """``pe-bench extrapolation``: score, summarise, write extrapolation.{json,md,png} and position_attention.png."""
     import torch  # here, not above: `pe-bench --help` loads neither torch nor Lightning
@@ -66,9 +75,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     from pe_geometry.benchmarks.extrapolation_report import common_multiplier, markdown, markdown_table, plot, plot_attention
     from pe_geometry.benchmarks.extrapolation_scoring import kept_entries, score_runs, summarise
 
-    relabel = dict(pair.split("=", 1) for pair in args.relabel if "=" in pair)
-    if len(relabel) != len(args.relabel) or (relabel and args.keep is None):
-        parser.error("--relabel takes OLD=NEW pairs, with --keep")
+    check(args, parser)  # a Python caller of run() gets the same refusals
+    relabel = dict(pair.split("=", 1) for pair in args.relabel)
     start = time.perf_counter()
     results = score_runs(args.folders, args.multipliers, args.target_len, args.scalings, cache=args.cache,
                          mask_draws=args.mask_draws, include_unfinished=args.include_unfinished)

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from pe_geometry.analysis.measures.position_attention import NoHookPoints, position_attention_report
 from pe_geometry.analysis.readers.extrapolation import NA, fixed_target_losses
 from pe_geometry.benchmarks.arms import arm_label
-from pe_geometry.benchmarks.runs import run_dirs
+from pe_geometry.benchmarks.runs import refuse_task_runs, run_dirs
 from pe_geometry.configs import CONFIG_DIR
 from pe_geometry.training.run_loader import load_trained_run
 
@@ -46,9 +46,7 @@ def score_runs(folders: list[Path], multipliers: list[int], target_len: int | No
     protocol = {"multipliers": multipliers, "target_len": target_len or "seq_len", "scalings": scalings,
                 "attention_blocks": ATTENTION_BLOCKS}
     dirs = list(run_dirs(folders, include_unfinished))
-    if tasks := [d for d in dirs if trained_on_a_task(d)]:  # before any run is scored: nothing written
-        raise SystemExit(f"error: {tasks[0]} was trained on a task (data=task): its answers past the training length "
-                         f"are scored by pe-bench tasks, not by this text benchmark ({len(tasks)} such run(s))")
+    refuse_task_runs(dirs)  # before any run is scored: nothing written
     for run_dir in dirs:
         cached = cache / f"{run_dir.parent.name}--{run_dir.name}.json" if cache is not None else None
         run = load_trained_run(run_dir, datamodules=datamodules)
@@ -66,13 +64,6 @@ def score_runs(folders: list[Path], multipliers: list[int], target_len: int | No
             cached.write_text(json.dumps({"protocol": run_protocol, "run": str(run_dir), "step": run.step, "entries": entries}))
         results += entries
     return results
-
-
-def trained_on_a_task(run_dir: Path) -> bool:
-    """The run's resolved config (config.yaml, beside its checkpoints) names the task data module."""
-    config = run_dir / "config.yaml"
-    target = str(OmegaConf.select(OmegaConf.load(config), "data._target_", default="")) if config.is_file() else ""
-    return target.endswith("TaskDataModule")
 
 
 def score_run(run_dir: Path, run, datamodules: dict, multipliers: list[int], target_len: int | None,

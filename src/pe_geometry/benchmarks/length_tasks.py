@@ -49,7 +49,8 @@ import time
 from pathlib import Path
 
 from pe_geometry.benchmarks.options import at_least, output_folder
-from pe_geometry.data.tasks import TASKS
+from pe_geometry.benchmarks.runs import found_run_dirs, refuse_text_runs
+from pe_geometry.settings.data import TASKS  # torch-free: the parser (and its errors) load no torch
 
 QUICK = {"multipliers": [1, 2, 4], "examples": 128, "bootstrap": 200}
 
@@ -78,6 +79,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the tasks the contrasts read (default: every task; leave out one no arm learned)")
 
 
+def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """What is refused before torch loads (each was found after every run had been scored, or at its turn): contrasts
+    at a length not scored, contrasts with a plan, a plan that is not a file, no runs, a run not trained on a task."""
+    if args.quick:
+        args.multipliers, args.examples, args.bootstrap = QUICK["multipliers"], QUICK["examples"], QUICK["bootstrap"]
+    if args.contrast and args.contrast_at not in args.multipliers:
+        parser.error(f"--contrast-at {args.contrast_at} is not one of the multipliers {args.multipliers}")
+    if args.plan is not None and args.contrast:
+        parser.error("--plan names its own contrasts: drop --contrast")
+    if args.plan is not None and not args.plan.is_file():
+        parser.error(f"--plan {args.plan}: no such file")
+    refuse_text_runs(found_run_dirs(args.folders))
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     """``pe-bench tasks``: score, summarise, test the contrasts, write length_tasks.{json,md,png}."""
     import torch  # here, not above: `pe-bench --help` loads neither Lightning nor matplotlib
@@ -86,11 +101,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     from pe_geometry.benchmarks.length_tasks_scoring import DISAGREE, chance_lines, depth_grid, disagreeing, score_runs, summarise
     from pe_geometry.benchmarks.task_contrasts import contrasts, plan_pairs, read_plan
 
-    if args.quick:
-        args.multipliers, args.examples, args.bootstrap = QUICK["multipliers"], QUICK["examples"], QUICK["bootstrap"]
-    if args.examples < 1 or args.bootstrap < 1 or min(args.multipliers) < 1:
-        parser.error("--examples, --bootstrap and every multiplier must be >= 1")
+    check(args, parser)  # a Python caller of run() gets the same refusals
     plan = read_plan(args.plan) if args.plan else None  # a bad plan fails before any run is read
+    if plan is not None and plan["multiplier"] not in args.multipliers:
+        parser.error(f"the plan reads {plan['multiplier']}x, not one of the multipliers {args.multipliers}")
     start = time.perf_counter()
     batches: dict = {}
     runs = score_runs(args.folders, args, batches)
@@ -102,14 +116,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
                 "every run), scored on the answer tokens; a cell: the mean over seeds (95 % bootstrap interval over "
                 f"examples, {args.bootstrap} resamples, paired across seeds; the seeds' min–max)")
     due = disagreeing(summary, args.multipliers)
-    if args.contrast and args.contrast_at not in args.multipliers:
-        parser.error(f"--contrast-at {args.contrast_at} is not one of the multipliers {args.multipliers}")
     if plan is not None:
-        if args.contrast:
-            parser.error("--plan names its own contrasts: drop --contrast")
         args.contrast_at = plan["multiplier"]
-        if args.contrast_at not in args.multipliers:
-            parser.error(f"the plan reads {args.contrast_at}x, not one of the multipliers {args.multipliers}")
         tested = contrasts(runs, plan_pairs(plan), plan["multiplier"], [plan["task"]], plan["metric"], plan["seeds"])
         for row in tested:
             row["plan"] = str(args.plan)

@@ -18,7 +18,8 @@ import pe_geometry.offline  # noqa: F401  (before anything that could reach a hu
 from pe_geometry.cli import console_script
 from pe_geometry.extras import exit_on_missing_extra
 
-# subcommand -> its module in pe_geometry.benchmarks (each has add_arguments(parser) and run(args, parser))
+# subcommand -> its module in pe_geometry.benchmarks (each has add_arguments(parser) and run(args, parser); some a
+# torch-free check(args, parser) that runs first)
 BENCHMARKS = {
     "extrapolation": "extrapolation",
     "tasks": "length_tasks",
@@ -50,10 +51,12 @@ def main(argv: list[str] | None = None):
     """Run one benchmark; returns what it returns (the payload its JSON holds), for a Python caller."""
     main_parser, subparsers = parser()
     args = main_parser.parse_args(argv)
+    module = importlib.import_module(f"pe_geometry.benchmarks.{BENCHMARKS[args.benchmark]}")
+    if hasattr(module, "check"):  # what can be refused without torch (no runs, runs of the other kind): in a second
+        module.check(args, subparsers[args.benchmark])
     from pe_geometry.training.threads import use_idle_cores
 
     use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
-    module = importlib.import_module(f"pe_geometry.benchmarks.{BENCHMARKS[args.benchmark]}")
     with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2, before any run is read
         if args.benchmark not in QUIET_NUMPY:
             return module.run(args, subparsers[args.benchmark])

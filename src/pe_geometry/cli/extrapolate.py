@@ -13,11 +13,9 @@ import logging
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
+from pe_geometry.benchmarks.runs import refuse_task_runs
 from pe_geometry.cli import console_script, positive_int
 from pe_geometry.extras import exit_on_missing_extra
-
-with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
-    from pe_geometry.analysis.readers.extrapolation import NA, evaluate_lengths
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -28,12 +26,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-batches", type=positive_int, default=8,
                         help="validation tokens = max_batches x batch_size x seq_len")
     args = parser.parse_args(argv)
-    from pe_geometry.training.threads import use_idle_cores
-
-    use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
     missing = [str(run) for run in args.runs if not run.exists()]
     if missing:
         parser.error(f"no such run folder or checkpoint: {', '.join(missing)}")
+    refuse_task_runs(args.runs)  # its loss on longer text is not what it learned (pe-bench tasks scores it)
+    from pe_geometry.training.threads import use_idle_cores
+
+    use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
+    with exit_on_missing_extra():  # here, not above: a bad option is refused before torch loads
+        from pe_geometry.analysis.readers.extrapolation import NA, evaluate_lengths
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     results = []
     for run in args.runs:

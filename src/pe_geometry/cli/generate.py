@@ -38,16 +38,26 @@ def _is_number(value: object) -> bool:  # nan and inf are not settings: nan > 0 
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def options() -> list[str]:
+    """The keys configs/generate.yaml gives pe-generate."""
+    return sorted(set(OmegaConf.load(CONFIG_PATH)) - {"defaults", "hydra"})
+
+
+def unknown_key_line(key: str, known: list[str]) -> str:
+    """One line for a key pe-generate has not: the closest option first, then every one."""
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"{key} is not an option of pe-generate{hint} (options: {', '.join(known)})"
+
+
 def check_keys(cfg: DictConfig) -> None:
     """Every key is one configs/generate.yaml has: ``+tempreture=0.5`` (a typo Hydra's ``+`` adds) would otherwise
     sample at the default temperature without a word."""
-    import difflib
-
-    known = set(OmegaConf.load(CONFIG_PATH)) - {"defaults", "hydra"}
+    known = options()
     for key in (k for k in cfg if k not in known and k not in ("hydra", "defaults")):
-        close = difflib.get_close_matches(str(key), sorted(known), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        raise GenerateError(f"{key} is not an option of pe-generate{hint} (options: {', '.join(sorted(known))})")
+        raise GenerateError(unknown_key_line(str(key), known))
 
 
 def check_options(cfg: DictConfig) -> None:
@@ -130,14 +140,13 @@ def pick_device(name: str) -> str:
 
 def run(cfg: DictConfig) -> list[str]:
     """Generate ``cfg.num_samples`` texts as the command line asks; returns them."""
+    check_keys(cfg)  # before torch loads: a bad option is refused in a fraction of a second
+    check_options(cfg)
     import torch
 
     from pe_geometry.model import EncoderMLM
     from pe_geometry.model.sampling import fill_masks, generate, prompt_ids
     from pe_geometry.training.run_loader import load_trained_run
-
-    check_keys(cfg)
-    check_options(cfg)
     from pe_geometry.training.threads import use_idle_cores
 
     use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
@@ -207,12 +216,13 @@ def quote_free_text(argv: list[str]) -> list[str]:
 
 
 def unknown_option(argv: list[str]) -> str | None:
-    """Hydra's own message for a misspelt key is several lines; name it and the valid ones in one."""
-    valid = list(OmegaConf.load(CONFIG_PATH).keys() - {"defaults", "hydra"})
+    """A key pe-generate has not, ``tempreture=0.5`` or ``+tempreture=0.5`` (which Hydra would add and sampling
+    ignore): the one line ``check_keys`` gives, before Hydra composes anything (its own message is several lines)."""
+    known = options()
     for arg in argv:
-        key, sep, _ = arg.partition("=")
-        if sep and not key.startswith(("hydra", "+", "~")) and key.split(".")[0] not in valid:
-            return f"unknown option {key!r}; valid: {sorted(valid)}"
+        key, sep, _ = arg.lstrip("+").partition("=")
+        if sep and not arg.startswith(("hydra", "~", "+hydra", "++hydra")) and key.split(".")[0] not in known:
+            return unknown_key_line(key, known)
     return None
 
 

@@ -20,9 +20,6 @@ from pe_geometry.benchmarks.options import json_file, output_folder
 from pe_geometry.cli import console_script, int_at_least, positive_int
 from pe_geometry.extras import exit_on_missing_extra
 
-with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
-    from pe_geometry.analysis.report import build_report
-
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -48,7 +45,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with exit_on_missing_extra():
+    with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
+        from pe_geometry.analysis.report import build_report  # here: a bad option is refused before torch loads
+
         summary = build_report(args.multirun, args.out, args.pretrained_json, extrapolation=not args.no_extrapolation,
                                pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers), max_batches=args.max_batches,
                                verdict=not args.no_verdict, at=args.at, **({"null_draws": args.null_draws} if args.null_draws else {}))

@@ -107,6 +107,8 @@ def evaluate_lengths(
         raise ValueError(f"multipliers must be positive integers, got {multipliers}")
     run = load_trained_run(run_dir, datamodules=_DATAMODULES)
     cfg, datamodule, model, step = run.config, run.datamodule, run.model, run.step
+    if str(cfg.data.get("_target_", "")).endswith("TaskDataModule"):  # its stream is examples, not text to extrapolate on
+        raise ValueError(f"{run_dir} was trained on a task (data=task): pe-bench tasks scores its answers at longer lengths")
     seq_len, batch_size = int(cfg.data.seq_len), int(cfg.data.batch_size)
     stream = torch.from_numpy(datamodule.streams["validation"].astype(np.int64))
     unit = math.lcm(*multipliers) * seq_len

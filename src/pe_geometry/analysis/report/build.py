@@ -63,8 +63,13 @@ MULTIPLIERS, MAX_BATCHES = (1, 2, 4), 8  # pe-report's defaults: its command lin
 
 
 def run_extrapolation(runs: list[Run], multipliers: list[int], max_batches: int, compute: bool) -> None:
-    """Fill run.extrapolation: reuse a run's length_extrapolation.json if it covers the request, else evaluate."""
+    """Fill run.extrapolation: reuse a run's length_extrapolation.json if it covers the request, else evaluate. A
+    data=task run has none: its loss on longer text is not what it learned (``pe-bench tasks`` scores its answers)."""
     for run in runs:
+        if str((run.config.get("data") or {}).get("_target_", "")).endswith("TaskDataModule"):
+            run.extrapolation = None
+            log.info("%s: a data=task run, no text length extrapolation (pe-bench tasks scores its answers)", run.path.name)
+            continue
         cached = run.extrapolation
         ckpt = run.path / "checkpoints" / "last.ckpt"
         fresh = (
