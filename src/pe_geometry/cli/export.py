@@ -33,13 +33,11 @@ def main(argv: list[str] | None = None) -> dict:
     with exit_on_missing_extra(), needs_extra("pretrained", "pe-export"):
         import transformers  # (refused before the run loads when the extra is missing)
     transformers.utils.logging.disable_progress_bar()  # its per-file bars say nothing about an export
-    import torch
-
     from pe_geometry.model.export import ExportError, write_folder
     from pe_geometry.training.run_loader import load_trained_run
-    from pe_geometry.training.threads import choose_threads
+    from pe_geometry.training.threads import use_idle_cores
 
-    torch.set_num_threads(choose_threads(torch.get_num_threads())[0])
+    use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
     run = load_trained_run(args.source)  # a RunLoadError is one error line (console_script)
     seq_len = int(run.config.data.seq_len)
     try:
