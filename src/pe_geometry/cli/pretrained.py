@@ -19,14 +19,22 @@ from pe_geometry.cli import console_script, int_at_least, positive_int
 from pe_geometry.extras import exit_on_missing_extra
 
 
+def _cell(v) -> str:
+    """A float to 4 decimals, a count as an integer (k_E_var90: a number of directions), anything else blank."""
+    if isinstance(v, float):
+        return f"{v:>10.4f}"
+    return f"{v:>10d}" if isinstance(v, int) and not isinstance(v, bool) else f"{'':>10}"
+
+
 def _print_geometry(title: str, g: dict) -> None:
     print(f"  {title}")
     print(f"    {'measure':<26}{'value':>10}{'chance':>10}{'null':>10}{'null p':>10}")
     for name in g:
         if name.endswith(("_chance", "_random", "_null_mean", "_null_std", "_z", "_p")):
             continue
-        cells = [g.get(k) for k in (name, f"{name}_chance", f"{name}_null_mean", f"{name}_p")]
-        print(f"    {name:<26}" + "".join(f"{v:>10.4f}" if isinstance(v, float) else f"{'':>10}" for v in cells))
+        cells = "".join(_cell(g.get(k)) for k in (name, f"{name}_chance", f"{name}_null_mean", f"{name}_p"))
+        if cells.strip():  # a measure with no number to show (none today) is left out, not printed blank
+            print(f"    {name:<26}" + cells)
 
 
 def _print_input(r: dict) -> None:
@@ -79,6 +87,9 @@ def _print_layers(r: dict) -> None:
         label = str(i) if a is not None else "out"
         print(f"    {label:>5} {kind:>10} {h['position_r2']:>9.3f}{probe_band} {h['position_r2_null_mean']:>7.3f} {share:>7} "
               f"{above:>10} {dist:>9} {unif:>8}".rstrip())
+    if all(a["positional_share"] is None for a in r["attention_layers"]):
+        print("    (share and vs null are empty: this encoding adds no term of its own to the scores of any layer; "
+              "a learned table's position enters through the input: block 0's split above)")
 
 
 def print_report(r: dict) -> None:

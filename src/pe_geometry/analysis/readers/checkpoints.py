@@ -21,6 +21,7 @@ are the QK-normed projections. The same recorded names as ``model.transformer.re
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -148,7 +149,8 @@ def load(source: str | Path) -> Loaded:
     kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
     folder = path.parent if path.suffix == ".gguf" else path
     try:
-        return _read(path, folder, kwargs)
+        with gguf_parsed_once() if path.suffix == ".gguf" else contextlib.nullcontext():
+            return _read(path, folder, kwargs)
     except UNREADABLE as err:  # a truncated or corrupt file: transformers', gguf's and safetensors' own errors
         if isinstance(err, (FileNotFoundError, ValueError)) and str(path) in str(err):
             raise  # already ours: one line naming the file
@@ -168,6 +170,40 @@ def _unreadable_errors() -> tuple[type[BaseException], ...]:
 
 
 UNREADABLE = _unreadable_errors()
+
+
+@contextlib.contextmanager
+def gguf_parsed_once() -> Iterator[dict]:
+    """While it is open, each GGUF file is parsed once by ``gguf.GGUFReader`` and gguf's tensor-name map is built once
+    per architecture and depth; yields the readers built (path, mtime, size -> reader), which are dropped on exit.
+
+    Why: transformers 5 reads a llama or gemma3 file through its legacy loader (``load_gguf_checkpoint``) three times
+    in one load (our config, the tokenizer's own config, the weights), each building a ``gguf.GGUFReader``, which
+    parses every metadata value into numpy views (2.6 s on SmolLM2, 9 s on Gemma 3 and its 262k-token vocabulary), and
+    while mapping tensor names it calls ``gguf.get_tensor_name_map`` once per submodule (395 times on SmolLM2). No
+    public argument hands transformers a parsed file, so this swaps both on the ``gguf`` module, where transformers
+    looks them up at each call (``from gguf import ...`` inside its functions), and puts them back after. A reader
+    is a read-only memory map with its parsed fields, and a name map is only looked up, so sharing either changes
+    nothing read. tests/test_pretrained.py checks that a load builds one reader, and that the swap is undone.
+    """
+    import gguf  # noqa: PLC0415  (only for GGUF files)
+
+    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple, object] = {}
+
+    def reader(path, mode="r"):
+        stat = Path(path).stat()
+        key = (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size, mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(real_name_map)
+    try:
+        yield readers
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_name_map
+        readers.clear()
 
 
 def _read(path: Path, folder: Path, kwargs: dict) -> Loaded:
