@@ -271,6 +271,8 @@ REFUSED_WITHOUT_TORCH = [
     ("report", ["{d}", "--null-draws", "0"]),
     ("report", ["{d}", "--pretrained-json", "{d}/a_file"]),
     ("report", ["{d}", "--out", "{d}/a_file/report"]),
+    ("report", ["{d}/none"]),  # no run
+    ("report", ["{d}/header_only"]),  # a run that logged no row
     ("generate", ["ckpt_path={d}/task", "+tempreture=0.5"]),
     ("generate", ["ckpt_path={d}/task", "tempreture=0.5"]),
 ]
@@ -285,6 +287,9 @@ def test_bad_input_to_the_side_commands_is_refused_before_torch_loads(tmp_path):
     fake_run(tmp_path / "text", task=False)
     (tmp_path / "none").mkdir()
     (tmp_path / "a_file").write_text("kept")
+    (tmp_path / "header_only" / "run" / "csv").mkdir(parents=True)
+    (tmp_path / "header_only" / "run" / "csv" / "metrics.csv").write_text("step,train/loss\n")
+    (tmp_path / "header_only" / "run" / "config.yaml").write_text("seed: 0\n")
     cases = [(module, [a.format(d=tmp_path) for a in argv]) for module, argv in REFUSED_WITHOUT_TORCH]
     script = f"""
 import contextlib, importlib, io, json, sys
@@ -305,4 +310,5 @@ print(json.dumps(seen))
     for module, argv, code, last, torch_loaded in json.loads(result.stdout):
         assert code == 2 and last and "error:" in last[0], (module, argv, code, last)
         assert not torch_loaded, (module, argv, "refused only after torch loaded")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "none", "task", "text"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "header_only", "none", "task", "text"]  # nothing written
+    assert sorted(p.name for p in (tmp_path / "header_only" / "run").iterdir()) == ["config.yaml", "csv"]

@@ -41,16 +41,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--at", choices=["last", "best"], default="last",
                         help="weights the verdict measures: last (default) or best = checkpoints/best.ckpt, the lowest val/loss")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from pe_geometry.analysis.report.sources import reportable_runs
+
+    runs = reportable_runs(args.multirun)  # no run, or none with a logged row: one line before torch loads
     from pe_geometry.training.threads import use_idle_cores
 
     use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     with exit_on_missing_extra():  # a missing extra: one error line naming it, exit code 2
         from pe_geometry.analysis.report import build_report  # here: a bad option is refused before torch loads
 
         summary = build_report(args.multirun, args.out, args.pretrained_json, extrapolation=not args.no_extrapolation,
-                               pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers), max_batches=args.max_batches,
-                               verdict=not args.no_verdict, at=args.at, **({"null_draws": args.null_draws} if args.null_draws else {}))
+                               pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers),
+                               max_batches=args.max_batches, verdict=not args.no_verdict, at=args.at, runs=runs,
+                               **({"null_draws": args.null_draws} if args.null_draws else {}))
     print(f"report: {Path(args.out or args.multirun / 'report') / 'report.md'}")
     return summary
 

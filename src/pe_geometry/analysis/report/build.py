@@ -43,7 +43,6 @@ from pe_geometry.analysis.readers.runs import (
     EXTRAPOLATION_FILE,
     Group,
     Run,
-    find_runs,
     geometry_families,
     group_runs,
     how_it_ended,
@@ -54,6 +53,7 @@ from pe_geometry.analysis.readers.runs import (
 )
 from pe_geometry.analysis.report.figures import figure_name, plot_extrapolation, plot_family, plot_loss, plot_overview
 from pe_geometry.analysis.report.markdown import ReportData, write_markdown
+from pe_geometry.analysis.report.sources import reportable_runs
 from pe_geometry.analysis.report.tables import NA
 from pe_geometry.analysis.study.verdict import CHECKPOINTS, checkpoint_at, correct_report, group_verdict, verdict_file
 from pe_geometry.files import atomic_write_text
@@ -262,22 +262,14 @@ def build_report(
     verdict: bool = True,
     null_draws: int = REPORT_DRAWS,
     at: str = "last",
+    runs: list[Run] | None = None,
 ) -> dict:
     """Read the runs under ``source``, write figures, report.md and summary.json to ``out``; returns the summary.
-    ``at="best"``: the verdict measures each run's ``checkpoints/best.ckpt`` instead of its last weights."""
+    ``at="best"``: the verdict measures each run's ``checkpoints/best.ckpt`` instead of its last weights. ``runs``:
+    ``sources.reportable_runs(source)`` already read (the command reads them before loading torch)."""
     source = Path(source)
     out = Path(out) if out is not None else source / "report"
-    runs = find_runs(source)
-    if not runs:
-        raise SystemExit(f"error: no runs under {source} (a run has config.yaml and csv/metrics.csv)")
-    # a metrics.csv with its header only (a run killed before its first logged step): nothing to report on
-    empty = [r for r in runs if not any(len(steps) for steps, _ in r.series.values())]
-    if len(empty) == len(runs):
-        raise SystemExit(f"error: no logged rows under {source}: every run's metrics.csv holds its header only "
-                         f"({len(runs)} run(s), e.g. {empty[0].path}); resume it with ckpt_path=auto or train it again")
-    for r in empty:
-        log.warning("%s: its metrics.csv holds its header only, left out of the report", r.path)
-    runs = [r for r in runs if all(r is not e for e in empty)]
+    runs = reportable_runs(source) if runs is None else runs
     if at != "last":
         check_checkpoints_at(runs, at, verdict)
     out.mkdir(parents=True, exist_ok=True)
