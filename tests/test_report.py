@@ -687,3 +687,43 @@ def test_the_minilm_analysis_is_computed_once_and_again_only_for_another_checkpo
     time.sleep(0.01)
     (model_dir / "weights.bin").write_bytes(b"another checkpoint")
     assert build.load_pretrained(None, tmp_path / "c")[0] == {"model": {"d_model": 2}} and len(calls) == 2
+
+
+def test_a_pe_report_from_another_folder_reuses_the_minilm_analysis_and_auto_never_computes_it(tmp_path, monkeypatch):
+    """The analysis was kept in a .cache relative to the folder pe-report ran from: a report from a new folder spent
+    its minutes again (11 of 13 minutes at load 7-9). Now it is kept in the user's cache (no $PE_CACHE_DIR here), and
+    the default (auto) shows it when kept, else leaves it out without computing it."""
+    from pe_geometry.analysis.readers import pretrained
+
+    run = tmp_path / "sweep" / "run"
+    (run / "csv").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\nmodel: {_target_: pe_geometry.model.DecoderLM}\npe: {_target_: pe_geometry.model.RotaryPE}\n")
+    (run / "csv" / "metrics.csv").write_text("step,train/loss,geometry/abs_cos_mean\n1,5.0,0.3\n2,4.0,0.2\n")
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "weights.bin").write_bytes(b"one")
+    _fake_pretrained(tmp_path / "analysis.json")
+    calls = []
+    monkeypatch.setattr(pretrained, "default_model_dir", lambda: model_dir)
+    monkeypatch.setattr(pretrained, "analyse", lambda: calls.append(1) or json.loads((tmp_path / "analysis.json").read_text()))
+    monkeypatch.delenv("PE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user_cache"))
+
+    def report(folder: str, *options: str) -> str:
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        out = tmp_path / folder / "report"
+        report_main([str(tmp_path / "sweep"), "--out", str(out), "--no-extrapolation", "--no-verdict", *options])
+        return (out / "report.md").read_text()
+
+    left_out = report("first")  # nothing kept yet: auto leaves it out, fast
+    assert calls == [] and "Pretrained analysis left out: none kept yet in the cache; `pe-report ... --pretrained minilm`" in left_out
+    computed = report("second", "--pretrained", "minilm")
+    assert calls == [1] and "`pe-pretrained` on bert (d_model 24" in computed
+    assert "--pretrained minilm --no-extrapolation --no-verdict" in computed
+    assert [p.parent.name for p in (tmp_path / "user_cache").rglob("minilm-*.json")] == ["pretrained"]
+    for folder, options in [("third", ()), ("fourth", ("--pretrained", "minilm"))]:  # other folders, no .cache of theirs
+        again = report(folder, *options)
+        assert calls == [1] and "`pe-pretrained` on bert (d_model 24" in again, folder
+    assert "Pretrained analysis skipped (--no-pretrained)" in report("fifth", "--pretrained", "none")
+    assert not list(tmp_path.glob("*/.cache"))  # nothing kept relative to the folders

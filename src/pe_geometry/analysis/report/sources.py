@@ -9,6 +9,8 @@ from pathlib import Path
 from pe_geometry.analysis.readers.runs import Run, find_runs
 
 log = logging.getLogger("report")
+# pe-report --pretrained: MiniLM shown when its analysis is kept (auto), computed when not (minilm), or left out (none)
+PRETRAINED_MODES = ("auto", "minilm", "none")
 
 
 def reportable_runs(source: Path) -> list[Run]:
