@@ -155,24 +155,34 @@ def test_a_step_computes_the_same_numbers_with_one_or_two_threads():
         torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("command, argv", [
-    ("pe_geometry.cli.report", ["{folder}", "--no-pretrained"]),
-    ("pe_geometry.cli.bench", ["extrapolation", "{folder}", "--out", "{folder}/out"]),
-    ("pe_geometry.cli.extrapolate", ["{folder}/missing"]),
-    ("pe_geometry.cli.verdict", ["{folder}"]),
+class ThreadsChosen(Exception):
+    """Raised by the stand-in for ``use_idle_cores``: the command got that far, and stops there."""
+
+
+@pytest.mark.parametrize("command, argv, early_check", [
+    ("pe_geometry.cli.report", ["{folder}", "--no-pretrained"], "pe_geometry.cli.report.reportable_runs"),
+    ("pe_geometry.cli.bench", ["extrapolation", "{folder}", "--out", "{folder}/out"],
+     "pe_geometry.benchmarks.extrapolation.check"),
+    ("pe_geometry.cli.extrapolate", ["{folder}"], None),
+    ("pe_geometry.cli.verdict", ["{folder}"], None),
 ])
-def test_every_side_command_chooses_its_threads_as_a_run_does(command, argv, tmp_path, monkeypatch):
-    """pe-report, pe-bench, pe-extrapolate, pe-verdict took torch's default (every core) whatever the load."""
+def test_every_side_command_chooses_its_threads_as_a_run_does(command, argv, early_check, tmp_path, monkeypatch):
+    """pe-report, pe-bench, pe-extrapolate, pe-verdict took torch's default (every core) whatever the load. Each asks
+    ``use_idle_cores`` once its input has passed the checks made before torch loads (``early_check``, here waved
+    through: an empty folder is refused there, in a second)."""
     import importlib
 
     import pe_geometry.training.threads as threads
 
-    calls = []
-    monkeypatch.setattr(threads, "use_idle_cores", lambda: calls.append(1) or (1, "test"))
+    def chosen():
+        raise ThreadsChosen
+
+    monkeypatch.setattr(threads, "use_idle_cores", chosen)
+    if early_check:
+        monkeypatch.setattr(early_check, lambda *args: [])
     main = importlib.import_module(command).main
-    with pytest.raises(SystemExit):  # an empty folder: refused after the threads are chosen
+    with pytest.raises(ThreadsChosen):
         main([a.format(folder=tmp_path) for a in argv])
-    assert calls == [1]
 
 
 def test_use_idle_cores_sets_torchs_count_by_the_runs_rule(monkeypatch):
@@ -335,3 +345,22 @@ def test_a_fit_on_an_idle_machine_is_unchanged_by_the_follower(tmp_path, monkeyp
     assert callback.looks == list(range(1, 13))  # a look at every step
     assert callback.follower.changes == [] and set_to == [] and callback.follower.threads == 2
     assert with_follower == without and len(without) == 12
+
+
+def test_pe_generate_chooses_its_threads_as_a_run_does(tmp_path, monkeypatch):
+    """pe-generate (a Hydra command, not in the list above) asks before it loads the run (here a missing one)."""
+    from omegaconf import OmegaConf
+
+    import pe_geometry.training.threads as threads
+    from pe_geometry.cli.generate import run
+    from pe_geometry.configs import CONFIG_DIR
+
+    def chosen():
+        raise ThreadsChosen
+
+    cfg = OmegaConf.load(CONFIG_DIR / "generate.yaml")
+    del cfg["defaults"], cfg["hydra"]
+    cfg.merge_with({"ckpt_path": str(tmp_path / "missing" / "last.ckpt")})
+    monkeypatch.setattr(threads, "use_idle_cores", chosen)
+    with pytest.raises(ThreadsChosen):
+        run(cfg)

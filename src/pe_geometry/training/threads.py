@@ -131,6 +131,8 @@ class ThreadFollower:
         if held is None:
             return
         target = max(1, min(self.most, math.floor(self.cores - held + 0.5)))
+        log.debug("threads: look at step %d: other processes held ~%.2f of %d cores, %d wanted, %d used", step, held,
+                  self.cores, target, self.threads)  # (hydra.verbose=pe_geometry.training.threads shows them)
         if target == self.threads:
             self._pending = None
             return
