@@ -14,6 +14,7 @@ import torch
 
 from pe_geometry.benchmarks import length_tasks_scoring as scoring
 from pe_geometry.benchmarks import task_contrasts
+from pe_geometry.benchmarks.length_tasks_report import FULL_SIZE_NOTE
 from pe_geometry.cli.bench import main as bench
 from pe_geometry.data.task_datamodule import batch_seed
 from pe_geometry.data.tasks import window_chance
@@ -143,7 +144,11 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys, monke
     again = bench(["tasks", str(sweep), "--out", str(tmp_path / "out2"), "--quick", "--cache", str(cache)])
     assert again["summary"] == first["summary"] == payload["summary"] and again["chance"] == payload["chance"]
     assert (out / "length_tasks.png").stat().st_size > 10_000
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "wrote" in printed
+    # a first reader compared 0.000 here with the 0.156 training logged: both the tables printed and the report say why
+    assert f"{FULL_SIZE_NOTE}\n\n**copy, exact match, greedy decoding (the headline)**" in printed
+    assert FULL_SIZE_NOTE in md and "`data.sizes=up_to`" in FULL_SIZE_NOTE
 
 
 def test_the_families_whose_seeds_disagree_are_named_for_two_more_seeds():

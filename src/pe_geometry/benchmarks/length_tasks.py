@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     """``pe-bench tasks``: score, summarise, test the contrasts, write length_tasks.{json,md,png}."""
     import torch  # here, not above: `pe-bench --help` loads neither Lightning nor matplotlib
 
-    from pe_geometry.benchmarks.length_tasks_report import markdown, markdown_tables, plot
+    from pe_geometry.benchmarks.length_tasks_report import FULL_SIZE_NOTE, markdown, markdown_tables, plot
     from pe_geometry.benchmarks.length_tasks_scoring import DISAGREE, chance_lines, depth_grid, disagreeing, score_runs, summarise
     from pe_geometry.benchmarks.task_contrasts import contrasts, plan_pairs, read_plan
 
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     (args.out / "length_tasks.json").write_text(json.dumps(payload, indent=1))
     (args.out / "length_tasks.md").write_text(markdown(payload, args.plan, plan, args.out, args.contrast_at))
     plot(summary, chance, args.multipliers, args.out / "length_tasks.png")
-    print(markdown_tables(summary, chance, args.multipliers))
+    print(f"{FULL_SIZE_NOTE}\n\n{markdown_tables(summary, chance, args.multipliers)}")
     for task, families in due.items():
         print(f"seeds disagree at {args.multipliers[0]}x (range > {DISAGREE}), two more seeds due: {task}: "
               + ", ".join(families))

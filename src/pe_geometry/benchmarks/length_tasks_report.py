@@ -13,6 +13,13 @@ with needs_extra("report", "pe-bench tasks' figure"):
     import matplotlib
 
 
+# why a run's 1x scores here are below what it logged in training (a reader saw 0.156 logged and 0.000 scored): said in
+# length_tasks.md and above the tables pe-bench tasks prints
+FULL_SIZE_NOTE = ("Every example here is full-size (as large as the block holds), so the 1x scores are below the "
+                  "`val/answer_accuracy` and `val/answer_exact_match` a run logs in training, which read examples of every "
+                  "size up to that (`data.sizes=up_to`, the default).")
+
+
 def glance_table(summary: dict, chance: dict, multipliers: list[int]) -> str:
     """One row per family, one column per task: token accuracy at 1x / the middle length / the longest (exact match
     at 1x in brackets), the seeds' mean; the last rows: what a model that sees only its training length scores."""
@@ -186,8 +193,9 @@ def plot(summary: dict, chance: dict, multipliers: list[int], path: Path) -> Non
     fig.tight_layout()
     # below the panels, as wide as they are (a column per 4.2-inch panel, long labels: one panel, one column); the
     # saved figure grows to hold it instead of cutting labels at its edges
+    # handles long enough to tell dashed from dash-dotted (the same hue marks arms 1, 11 and 21)
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=max(1, min(6, len(tasks))),
-               fontsize=8)
+               fontsize=8, handlelength=4, markerscale=1.5)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
@@ -201,9 +209,7 @@ def markdown(payload: dict, plan_path: Path | None, plan: dict | None, out: Path
         f"# Length generalisation on tasks\n\n{len(runs)} runs from {sweeps} (`pe-bench tasks "
         f"<folders> --out <here>`); {payload['protocol']}. Chance lines (`data.tasks.window_chance` on the same examples): "
         "a model that sees only its last L (training length) tokens, and uniform guessing over the answer alphabet. "
-        "Every example here is full-size (as large as the block holds), so the 1x scores are below the "
-        "`val/answer_accuracy` and `val/answer_exact_match` a run logs in training, which read examples of every size up "
-        "to that (`data.sizes=up_to`, the default).\n\n"
+        f"{FULL_SIZE_NOTE}\n\n"
         f"## At a glance\n\n{glance_table(summary, chance, multipliers)}\n\n## Per task\n\n"
         f"{markdown_tables(summary, chance, multipliers)}\n\n![accuracy vs length](length_tasks.png)\n\n"
         + (f"## Contrasts\n\n{contrast_preamble(tested, plan_path, out, plan)}Each arm against its control, "
