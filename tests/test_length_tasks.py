@@ -14,6 +14,7 @@ import torch
 
 from pe_geometry.benchmarks import length_tasks_scoring as scoring
 from pe_geometry.benchmarks import task_contrasts
+from pe_geometry.benchmarks.length_tasks import WRITTEN, read_payload, rebuilt_markdown, write_payload
 from pe_geometry.benchmarks.length_tasks_report import FULL_SIZE_NOTE
 from pe_geometry.cli.bench import main as bench
 from pe_geometry.data.task_datamodule import batch_seed
@@ -130,7 +131,9 @@ def test_the_quick_sweep_is_trained_and_read_at_1x_2x_4x(tmp_path, capsys, monke
                                 "block-0 positional share (null) | ")
     assert beside[0].count("distance / uniform, layer") == 2
     assert {beside[2].split(" | ")[0], beside[3].split(" | ")[0]} == {"| rope", "| none"}
-    assert json.loads((out / "length_tasks.json").read_text())["summary"] == payload["summary"]
+    # the written answers in their compressed sidecar, put back by read_payload: the files hold what the call returned
+    assert "written" not in (out / "length_tasks.json").read_text()
+    assert read_payload(out) == json.loads(json.dumps(payload))
 
     # --cache: a second scoring of the same runs reads every run's scores back instead of scoring it again
     cache = tmp_path / "cache"
@@ -252,3 +255,36 @@ def test_a_plan_that_cannot_reject_says_so():
     three = {**plan, "pairs": plan["pairs"][:3]}
     assert task_contrasts.smallest_holm_p(three) == pytest.approx(3 * 2 / 252) and task_contrasts.smallest_holm_p(three) < three["alpha"]
     assert "could not reject" not in task_contrasts.contrast_preamble([], Path("p.yaml"), None, three)
+
+
+def test_the_written_answers_go_to_a_sidecar_and_come_back_unchanged(tmp_path):
+    """length_tasks.json held every written token id as an indented line (10-12 MB committed): now a compressed
+    sidecar, the same bytes for the same answers, read back into the cells they came from."""
+    cell = {"examples": 2, "exact_match": 0.5, "written": [[3, 4, 5], [6]]}
+    payload = {"summary": {}, "runs": [{"run": "s/a", "lengths": {"1": dict(cell), "2": {"na": True}}},
+                                       {"run": "s/b", "lengths": {"1": cell | {"written": [[7], [8, 9]]}}}]}
+    kept = json.loads(json.dumps(payload))
+    write_payload(tmp_path, payload)
+    assert payload == kept  # the caller's payload keeps its answers
+    assert "written" not in (tmp_path / "length_tasks.json").read_text()
+    assert read_payload(tmp_path) == kept
+    first = (tmp_path / WRITTEN).read_bytes()
+    write_payload(tmp_path, payload)
+    assert (tmp_path / WRITTEN).read_bytes() == first
+    payload["runs"].reverse()  # a sidecar of another call (its runs in another order) is refused, not misassigned
+    (tmp_path / "length_tasks.json").write_text(json.dumps(payload))
+    with pytest.raises(SystemExit, match="names other runs than"):
+        read_payload(tmp_path)
+
+
+@pytest.mark.parametrize("folder", ["length_tasks_decoys", "passkey_confirmatory"])
+def test_the_committed_results_hold_every_written_answer_and_rebuild_their_report(folder, monkeypatch):
+    """The two committed suites whose answers moved to the sidecar: every cell scored has one answer per example, and
+    the report rebuilt from the files is the committed one, byte for byte."""
+    results = ROOT / "experiments" / "results" / folder
+    monkeypatch.chdir(ROOT)  # the plan's path in the contrasts is relative to the repository's root
+    payload = read_payload(results)
+    cells = [c for r in payload["runs"] for c in r["lengths"].values() if "na" not in c]
+    assert cells and all(len(c["written"]) == c["examples"] == len(c["per_example"]["greedy_exact_match"]) for c in cells)
+    assert all(np.mean(c["per_example"]["greedy_exact_match"]) == c["greedy_exact_match"] for c in cells)
+    assert rebuilt_markdown(results, payload) == (results / "length_tasks.md").read_text()

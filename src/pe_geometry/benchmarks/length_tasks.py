@@ -29,7 +29,10 @@ length scores); ``uniform``, guessing over the answer alphabet. The passkey is a
 (``data.tasks.accuracy_by_depth``, ``--depth-bins``) x length. Writes, to ``--out``:
 
 - ``length_tasks.json``: the protocol, every run's scores at every length (with its bootstrap interval and depth
-  grid), the per-family summary and the chance lines;
+  grid, and every example's scores), the per-family summary and the chance lines;
+- ``length_tasks.written.json.gz``: the answer each run wrote for each example, as token ids, per run and length
+  (beside the JSON, compressed: 0.2 MB; as indented JSON they were 4.8-5.5 of its 10-12 MB); ``read_payload`` puts them
+  back where the scoring had them (``runs[i]["lengths"][m]["written"]``);
 - ``length_tasks.md``: per task, exact match and token accuracy per family and length beside the two chance lines,
   and the passkey's depth x length grid per family;
 - ``length_tasks.png``: accuracy vs length per task (log x-axis), one line per family, band: the seeds' min-max.
@@ -43,6 +46,7 @@ figure: benchmarks/length_tasks_report.py.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import platform
 import time
@@ -53,13 +57,65 @@ from pe_geometry.benchmarks.runs import found_run_dirs, refuse_text_runs
 from pe_geometry.settings.data import TASKS  # torch-free: the parser (and its errors) load no torch
 
 QUICK = {"multipliers": [1, 2, 4], "examples": 128, "bootstrap": 200}
+PAYLOAD, WRITTEN = "length_tasks.json", "length_tasks.written.json.gz"
+
+
+def write_payload(out: Path, payload: dict) -> None:
+    """length_tasks.json without the written answers, and those in their compressed sidecar (``WRITTEN``), one entry
+    per run in the JSON's order, named by its run; ``payload`` is left as it is."""
+    runs, written = [], []
+    for run in payload["runs"]:
+        lengths = {m: {k: v for k, v in cell.items() if k != "written"} for m, cell in run["lengths"].items()}
+        runs.append(run | {"lengths": lengths})
+        written.append({"run": run["run"], "lengths": {m: cell["written"] for m, cell in run["lengths"].items()
+                                                      if "written" in cell}})
+    (out / PAYLOAD).write_text(json.dumps(payload | {"runs": runs}, indent=1))
+    # mtime=0: the same answers give the same bytes (the file is committed with the results)
+    (out / WRITTEN).write_bytes(gzip.compress(json.dumps(written, separators=(",", ":")).encode(), mtime=0))
+
+
+def read_payload(folder: Path) -> dict:
+    """What ``pe-bench tasks`` returned, from the files it wrote to ``folder``: length_tasks.json with the written
+    answers of its sidecar put back (a JSON from before the sidecar holds them itself)."""
+    payload = json.loads((folder / PAYLOAD).read_text())
+    if (folder / WRITTEN).is_file():
+        written = json.loads(gzip.decompress((folder / WRITTEN).read_bytes()))
+        if [w["run"] for w in written] != [r["run"] for r in payload["runs"]]:
+            raise SystemExit(f"error: {folder / WRITTEN} names other runs than {folder / PAYLOAD}: written by another call")
+        for run, kept in zip(payload["runs"], written):
+            for m, answers in kept["lengths"].items():
+                run["lengths"][m]["written"] = answers
+    return payload
+
+
+def rebuilt_markdown(folder: Path, payload: dict) -> str:
+    """length_tasks.md again from the payload read from ``folder``, scoring nothing; a confirmatory report reads its
+    plan again, from the path its contrasts name (relative to the folder the scoring ran from: the repository's root
+    for the committed results)."""
+    from pe_geometry.benchmarks.length_tasks_report import markdown
+    from pe_geometry.benchmarks.task_contrasts import read_plan
+
+    tested = payload["contrasts"]
+    plan_path = Path(tested[0]["plan"]) if tested and tested[0].get("plan") else None
+    plan = read_plan(plan_path) if plan_path is not None else None
+    return markdown(payload, plan_path, plan, folder, tested[0]["multiplier"] if tested else 4)
+
+
+def rebuild_report(folder: Path) -> None:
+    """length_tasks.md and length_tasks.png again from the files in ``folder`` (after a change to the report's text or
+    figure), scoring nothing."""
+    from pe_geometry.benchmarks.length_tasks_report import plot
+
+    payload = read_payload(folder)
+    (folder / "length_tasks.md").write_text(rebuilt_markdown(folder, payload))
+    plot(payload["summary"], payload["chance"], payload["multipliers"], folder / "length_tasks.png")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (or run folders) of data=task runs")
     parser.add_argument("--include-unfinished", action="store_true",
                         help="score runs killed before trainer.max_steps where they stopped (refused otherwise)")
-    parser.add_argument("--out", type=output_folder, required=True, help="folder for length_tasks.{json,md,png}")
+    parser.add_argument("--out", type=output_folder, required=True, help="folder for length_tasks.{json,written.json.gz,md,png}")
     parser.add_argument("--multipliers", type=at_least(1), nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--examples", type=at_least(1), default=256, help="evaluation examples per task and length")
     parser.add_argument("--seed", type=at_least(0), default=0, help="seeds the examples and the bootstrap (the same for every run)")
@@ -94,7 +150,7 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """``pe-bench tasks``: score, summarise, test the contrasts, write length_tasks.{json,md,png}."""
+    """``pe-bench tasks``: score, summarise, test the contrasts, write length_tasks.{json,written.json.gz,md,png}."""
     import torch  # here, not above: `pe-bench --help` loads neither Lightning nor matplotlib
 
     from pe_geometry.benchmarks.length_tasks_report import FULL_SIZE_NOTE, markdown, markdown_tables, plot
@@ -129,14 +185,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
                "machine": f"{platform.machine()}, torch {torch.__version__}",
                "seconds": round(time.perf_counter() - start)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "length_tasks.json").write_text(json.dumps(payload, indent=1))
+    write_payload(args.out, payload)
     (args.out / "length_tasks.md").write_text(markdown(payload, args.plan, plan, args.out, args.contrast_at))
     plot(summary, chance, args.multipliers, args.out / "length_tasks.png")
     print(f"{FULL_SIZE_NOTE}\n\n{markdown_tables(summary, chance, args.multipliers)}")
     for task, families in due.items():
         print(f"seeds disagree at {args.multipliers[0]}x (range > {DISAGREE}), two more seeds due: {task}: "
               + ", ".join(families))
-    print(f"wrote {args.out}/length_tasks.{{json,md,png}} in {time.perf_counter() - start:.0f} s")
+    print(f"wrote {args.out}/length_tasks.{{json,written.json.gz,md,png}} in {time.perf_counter() - start:.0f} s")
     return payload
 
 
