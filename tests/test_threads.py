@@ -364,3 +364,11 @@ def test_pe_generate_chooses_its_threads_as_a_run_does(tmp_path, monkeypatch):
     monkeypatch.setattr(threads, "use_idle_cores", chosen)
     with pytest.raises(ThreadsChosen):
         run(cfg)
+
+
+def test_the_pipeline_and_the_follower_share_torchs_default():
+    """The pipeline kept its own cached copy: the follower's first read came after the pipeline had set the count, so
+    its ceiling was the starting count and a run started on 1 thread could never take a freed core."""
+    from pe_geometry.training import pipeline, threads
+
+    assert pipeline.torch_default_threads is threads.torch_default_threads

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -37,7 +36,7 @@ from pe_geometry.training.run_folder import adopt_staged_output, claim_run_folde
 from pe_geometry.training.run_loader import accepted_kwargs, build_datamodule, build_model  # noqa: E402
 from pe_geometry.training.summary import run_summary  # noqa: E402
 from pe_geometry.training.task import LanguageModelTask  # noqa: E402
-from pe_geometry.training.threads import choose_threads  # noqa: E402
+from pe_geometry.training.threads import choose_threads, torch_default_threads  # noqa: E402
 from pe_geometry.training.validate import ConfigError, check_config  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -235,13 +234,6 @@ def init_weights_from(cfg: DictConfig, model: torch.nn.Module, datamodule) -> No
     except ExportError as err:
         raise ConfigError(str(err)) from None
     log.info("init_from=%s: the model starts from that checkpoint's weights", path)
-
-
-@functools.cache
-def torch_default_threads() -> int:
-    """torch's own choice, as this process started (a sweep's later jobs in the same process must not inherit the
-    count an earlier job chose)."""
-    return torch.get_num_threads()
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
