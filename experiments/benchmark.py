@@ -23,6 +23,7 @@ peak allocation.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import platform
@@ -307,7 +308,7 @@ def speed_options(args, rounds: int, peak: float) -> None:
             for _ in range(args.warmup):  # the first step compiles
                 bare_training_step(model, optimizers[path], block)
             warm[path] = time.perf_counter() - start
-            memory[path] = peak_allocated_bytes(lambda: bare_training_step(model, optimizers[path], block))
+            memory[path] = peak_allocated_bytes(functools.partial(bare_training_step, model, optimizers[path], block))
         times: dict[str, list[float]] = {path: [] for path in paths}
         loads = []
         for _ in range(n_slices):

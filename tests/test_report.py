@@ -697,7 +697,8 @@ def test_a_pe_report_from_another_folder_reuses_the_minilm_analysis_and_auto_nev
 
     run = tmp_path / "sweep" / "run"
     (run / "csv").mkdir(parents=True)
-    (run / "config.yaml").write_text("seed: 0\nmodel: {_target_: pe_geometry.model.DecoderLM}\npe: {_target_: pe_geometry.model.RotaryPE}\n")
+    (run / "config.yaml").write_text(
+        "seed: 0\nmodel: {_target_: pe_geometry.model.DecoderLM}\npe: {_target_: pe_geometry.model.RotaryPE}\n")
     (run / "csv" / "metrics.csv").write_text("step,train/loss,geometry/abs_cos_mean\n1,5.0,0.3\n2,4.0,0.2\n")
     model_dir = tmp_path / "model"
     model_dir.mkdir()

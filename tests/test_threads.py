@@ -179,7 +179,10 @@ def test_every_side_command_chooses_its_threads_as_a_run_does(command, argv, ear
 
     monkeypatch.setattr(threads, "use_idle_cores", chosen)
     if early_check:
-        monkeypatch.setattr(early_check, lambda *args: [])
+        # the module as sys.modules holds it (a test that re-imports modules leaves the package's attribute on an older
+        # copy, which a dotted-string target would patch instead)
+        module_name, _, name = early_check.rpartition(".")
+        monkeypatch.setattr(importlib.import_module(module_name), name, lambda *args: [])
     main = importlib.import_module(command).main
     with pytest.raises(ThreadsChosen):
         main([a.format(folder=tmp_path) for a in argv])
