@@ -254,3 +254,10 @@ def test_every_console_script_returns_nothing():
         module, function = target.split(":")
         fn = getattr(importlib.import_module(module), function)
         assert inspect.signature(fn).return_annotation in (None, "None"), f"{name} -> {target} returns a value"
+
+
+def test_the_tree_passes_ruff_as_ci_lints_it():
+    # CI runs `ruff check .` before the tests; a lint error there fails the stop while every test passes (stop 59).
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--quiet", "."], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
