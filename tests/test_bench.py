@@ -21,6 +21,7 @@ OPTIONS = {
     "pretrained": {"--out", "--models", "--quick", "--force", "--no-band", "--presets", "--trained", "--trained-geometry"},
     "training-length": {"--root", "--plan", "--jobs", "--out", "--set"},
     "generation-context": {"--times", "--samples", "--seed", "--prompt", "--json"},
+    "readers": {"--out", "--no-defaults"},
 }
 
 

@@ -69,8 +69,7 @@ class GeometryCallback(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dm = trainer.datamodule
         tokenizer = dm.tokenizer
-        specials = [tokenizer.token_to_id(t) for t in ("<unk>", "<mask>", "<eos>")]
-        counts = self.choose_rows(dm.streams["train"], dm.streams["validation"], dm.vocab_size, dm.seq_len, specials)
+        counts = self.choose_rows_of(dm)
         # trainer.log_dir broadcasts from rank 0 in DDP, so every rank must read it (a rank-0-only
         # read deadlocks the others); only rank 0 writes.
         log_dir = trainer.log_dir
@@ -84,6 +83,13 @@ class GeometryCallback(L.Callback):
                 "tokens": [tokenizer.id_to_token(int(i)) for i in self.token_ids],
             }
             atomic_write_text(Path(trainer.default_root_dir) / "geometry_tokens.json", json.dumps(rule, indent=1))
+
+    def choose_rows_of(self, datamodule) -> Tensor:
+        """``choose_rows`` on a datamodule's streams, its special tokens excluded from the word rows (what setup
+        measures on; a reader of a finished run calls it to measure on the same rows)."""
+        specials = [datamodule.tokenizer.token_to_id(t) for t in ("<unk>", "<mask>", "<eos>")]
+        return self.choose_rows(datamodule.streams["train"], datamodule.streams["validation"], datamodule.vocab_size,
+                                datamodule.seq_len, specials)
 
     def choose_rows(self, train: np.ndarray, validation: np.ndarray, vocab_size: int, seq_len: int,
                     specials: Sequence[int]) -> Tensor:

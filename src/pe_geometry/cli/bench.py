@@ -5,6 +5,7 @@
     pe-bench pretrained --out DIR                          # real checkpoints beside the trained-here runs
     pe-bench training-length train|score                   # issue 51's experiment, from its committed plan
     pe-bench generation-context RUN                        # a sample past the training length vs one inside it
+    pe-bench readers RUN [RUN ...] --out DIR               # a run's own record vs pe-pretrained on its export
     pe-bench <benchmark> --help                            # its protocol and options
 """
 
@@ -26,6 +27,7 @@ BENCHMARKS = {
     "pretrained": "pretrained_study",
     "training-length": "training_length",
     "generation-context": "generation_context",
+    "readers": "two_readers",
 }
 QUIET_NUMPY = {"extrapolation", "tasks"}  # no warning for a NaN they mean (a length no example reaches, one seed's sd)
 

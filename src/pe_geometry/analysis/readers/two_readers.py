@@ -1,0 +1,211 @@
+"""Two readers of one trained run: its own geometry record, and ``pe-pretrained``'s reading of its transformers export.
+
+The framework measures a model in two ways that share no model code: the geometry callback records a run while it
+trains (``analysis.record`` on our ``LanguageModel``), and ``pe-pretrained`` reads any transformers checkpoint
+(``analysis.readers.pretrained`` on transformers' model, through its attention hooks). A run exported by ``pe-export``
+(``model.export``: exact, logits equal ours) is one model both can read, so where they measure the same figure they
+must give the same number:
+
+- **same inputs** (``same_inputs``): pe-pretrained's functions fed the callback's own word rows, probe blocks and
+  attention blocks. Each figure must equal the run's logged record to float32 rounding (``SAME_INPUT_TOLERANCE``);
+  a larger difference is a bug in one reader, and ``ours_now`` (our model measured again on the same inputs) says
+  which: the record it matches is right.
+- **pe-pretrained's defaults** (``defaults``): what a user who runs ``pe-pretrained DIR`` on the export sees (the 1000
+  most frequent tokens of the plays under the exported tokenizer, 32 evenly spaced windows, a decoder's <bos> first).
+  Other text, so a different sample: its difference from the record is read against the figure's own sampling spread,
+  the sd of our reader's figure over ``SPREAD_SETS`` disjoint sets of as many validation blocks as pe-pretrained's
+  windows (for the input rows, which read no text: the spread of the figure's own rotation null).
+
+The figures compared (where the family has them): the input level's mean |cos|, top-8 overlap and their nulls (input
+tables), the position probe's R^2 at every block input and the output, block 0's positional share and mean attention
+distance (means over heads).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from pe_geometry.analysis import metric_names as names
+from pe_geometry.analysis.geometry_callback import GeometryCallback
+from pe_geometry.analysis.measures.position_probe import position_probe
+from pe_geometry.analysis.readers import pretrained
+from pe_geometry.analysis.readers.checkpoints import Reader, load
+from pe_geometry.analysis.readers.runs import read_metrics
+from pe_geometry.analysis.record import ATTENTION_BLOCKS, record
+from pe_geometry.training.run_loader import TrainedRun
+
+SAME_INPUT_TOLERANCE = 1e-4  # |difference| / max(|record|, 0.01): float32 forwards of two implementations agree to ~1e-6
+SPREAD_SETS = 4  # disjoint sets of validation blocks the defaults' yardstick is measured on
+INPUT_FIGURES = ("abs_cos_mean", "abs_cos_mean_null_mean", "overlap_k8", "overlap_k8_null_mean")
+
+
+@dataclass
+class Row:
+    figure: str
+    record: float  # the run's own geometry record at its last step (metrics.csv)
+    same_inputs: float | None = None  # pe-pretrained's functions on the callback's inputs
+    ours_now: float | None = None  # our model measured again on those inputs (which reader is right, if they differ)
+    defaults: float | None = None  # pe-pretrained as a user runs it
+    spread: float | None = None  # the yardstick of the defaults' difference
+
+    @property
+    def same_inputs_difference(self) -> float | None:
+        if self.same_inputs is None:
+            return None
+        return abs(self.same_inputs - self.record) / max(abs(self.record), 0.01)
+
+    @property
+    def agrees(self) -> bool | None:
+        difference = self.same_inputs_difference
+        return None if difference is None else difference <= SAME_INPUT_TOLERANCE
+
+    @property
+    def defaults_in_spreads(self) -> float | None:
+        """|defaults - record| in units of the sampling spread."""
+        if self.defaults is None or not self.spread:
+            return None
+        return abs(self.defaults - self.record) / self.spread
+
+
+def callback_inputs(run: TrainedRun) -> GeometryCallback:
+    """The run's geometry callback, with the rows it measured on chosen from the run's own streams (as its setup does)."""
+    settings = OmegaConf.to_container(run.config.callbacks.geometry, resolve=True)
+    settings.pop("_target_", None)
+    callback = GeometryCallback(**settings)
+    callback.choose_rows_of(run.datamodule)
+    return callback
+
+
+def final_record(run_dir: Path) -> tuple[int, dict[str, float]]:
+    """The last step at which the run logged its position probe (its final record), and every geometry figure there."""
+    metrics = read_metrics(run_dir)
+    probe = names.hidden_metric(0, "position_r2")
+    if probe not in metrics:
+        raise ValueError(f"{run_dir}: no position probe in its metrics (was the geometry callback on?)")
+    step = int(metrics[probe][0][-1])
+    return step, {k: float(values[list(steps).index(step)]) for k, (steps, values) in metrics.items()
+                  if k.startswith("geometry/") and step in steps}
+
+
+def _head_mean(metrics: dict[str, float], name) -> float | None:
+    values = [v for k, v in metrics.items() if k in {name(h) for h in range(64)}]
+    return statistics.fmean(values) if values else None
+
+
+def record_figures(metrics: dict[str, float], n_states: int) -> dict[str, float]:
+    """The compared figures from one record's flat ``geometry/...`` metrics (``analysis.record``)."""
+    out = {f"input/{k}": metrics[names.input_metric(k)] for k in INPUT_FIGURES if names.input_metric(k) in metrics}
+    out |= {f"probe/block{i}_position_r2": metrics[names.hidden_metric(i, "position_r2")] for i in range(n_states)
+            if names.hidden_metric(i, "position_r2") in metrics}
+    share = _head_mean(metrics, lambda h: names.attention_share_metric(h, "positional"))
+    if share is not None:
+        out["block0/positional_share"] = share
+    out["block0/mean_distance"] = _head_mean(metrics, names.attention_distance_metric)
+    return out
+
+
+def reader_figures(reader: Reader, word_ids: list[int] | None, blocks: torch.Tensor, probe_blocks: torch.Tensor,
+                   null_draws: int, probe_permutations: int, attention_null_draws: int) -> dict[str, float]:
+    """pe-pretrained's functions on given inputs: the same figures as ``record_figures``."""
+    out: dict[str, float] = {}
+    T = blocks.shape[1]
+    if reader.W_pos is not None and word_ids is not None:
+        report = pretrained.input_report(reader, word_ids, T, null_draws=null_draws)
+        out |= {f"input/{k}": report[k] for k in INPUT_FIGURES}
+    for i, H in enumerate(reader.hidden_states(probe_blocks)):
+        out[f"probe/block{i}_position_r2"] = position_probe(H, n_permutations=probe_permutations)["position_r2"]
+    attention = blocks[:ATTENTION_BLOCKS]
+    if reader.W_pos is not None:
+        out["block0/positional_share"] = statistics.fmean(
+            pretrained.first_layer_attention(reader, attention)["shares"]["positional"])
+    layer0 = pretrained.attention_layers(reader, attention, attention_null_draws)[0]
+    if layer0["positional_share"] is not None:
+        out["block0/positional_share"] = statistics.fmean(layer0["positional_share"])
+    out["block0/mean_distance"] = statistics.fmean(layer0["mean_distance"])
+    return out
+
+
+def default_figures(r: dict) -> dict[str, float]:
+    """The compared figures from ``pretrained.analyse``'s record (pe-pretrained's defaults)."""
+    out: dict[str, float] = {}
+    if "frequent_rows" in r:
+        g = r["frequent_rows"]["geometry"]
+        out |= {f"input/{k}": g[k] for k in INPUT_FIGURES}
+        out["block0/positional_share"] = statistics.fmean(r["attention_layer0"]["shares"]["positional"])
+    for i, h in enumerate(r["hidden_states"]):
+        out[f"probe/block{i}_position_r2"] = h["position_r2"]
+    layer0 = r["attention_layers"][0]
+    if layer0["positional_share"] is not None:
+        out["block0/positional_share"] = statistics.fmean(layer0["positional_share"])
+    out["block0/mean_distance"] = statistics.fmean(layer0["mean_distance"])
+    return out
+
+
+def sampling_spread(run: TrainedRun, callback: GeometryCallback, n_blocks: int) -> dict[str, float]:
+    """Each text-read figure's sd over ``SPREAD_SETS`` disjoint sets of ``n_blocks`` validation blocks (our reader);
+    the input figures' yardstick is their rotation null's sd (they read rows, not text)."""
+    T = callback.seq_len
+    stream = torch.from_numpy(run.datamodule.streams["validation"].astype("int64"))
+    n_sets = min(SPREAD_SETS, len(stream) // (n_blocks * T))
+    if n_sets < 2:
+        raise ValueError(f"the validation stream holds {len(stream)} tokens: fewer than 2 sets of {n_blocks} blocks "
+                         f"of {T} tokens to measure the sampling spread on")
+    per_set = []
+    for s in range(n_sets):
+        blocks = stream[s * n_blocks * T : (s + 1) * n_blocks * T].view(n_blocks, T)
+        metrics = record(run.model, blocks, position_blocks=blocks, measures=("hidden", "attention"),
+                         position_probe_permutations=2, attention_null_draws=2)
+        per_set.append(record_figures(metrics, len(run.model.blocks) + 1))
+    spread = {k: statistics.stdev(f[k] for f in per_set) for k in per_set[0]}
+    metrics = record(run.model, callback.probe, word_ids=callback.token_ids, measures=("input",),
+                     null_draws=callback.null_draws)
+    for k in INPUT_FIGURES:
+        key = names.input_metric(k.removesuffix("_null_mean") + "_null_std")
+        if key in metrics:
+            spread[f"input/{k}"] = metrics[key]
+    return spread
+
+
+def compare(run: TrainedRun, run_dir: str | Path, folder: str | Path, defaults: bool = True) -> dict:
+    """Both readers on one run (``run``: ``load_trained_run(run_dir)``) and its export ``folder``: one ``Row`` per
+    figure, with the step the record was taken at. ``defaults=False`` skips pe-pretrained's own inputs."""
+    step, logged = final_record(Path(run_dir))
+    if step != run.step:
+        raise ValueError(f"{run_dir}: the last record is at step {step}, the checkpoint at step {run.step}")
+    n_states = len(run.model.blocks) + 1
+    recorded = record_figures(logged, n_states)
+    callback = callback_inputs(run)
+    settings = {"null_draws": callback.null_draws, "probe_permutations": callback.probe_permutations,
+                "attention_null_draws": callback.attention_null_draws}
+    loaded = load(folder)
+    reader = Reader(loaded.model, loaded.model_type)
+    word_ids = callback.token_ids.tolist() if run.model.W_pos is not None else None
+    with torch.no_grad():
+        same = reader_figures(reader, word_ids, callback.probe, callback.position_blocks, **settings)
+        ours = record_figures(callback.measure(run.model, position_probe_now=True), n_states)
+        theirs = default_figures(pretrained.analyse(loaded=loaded)) if defaults else {}
+        spread = sampling_spread(run, callback, n_blocks=32) if defaults else {}
+    rows = [Row(figure, value, same.get(figure), ours.get(figure), theirs.get(figure), spread.get(figure))
+            for figure, value in recorded.items()]
+    return {"step": step, "model_type": loaded.model_type, "rows": rows}
+
+
+def table(results: dict[str, dict]) -> str:
+    """A markdown table: one line per (run, figure)."""
+    lines = ["| run | figure | record | same inputs | rel. diff | pe-pretrained defaults | sampling sd | diff / sd |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def cell(v, fmt=".4f"):
+        return "" if v is None else format(v, fmt)
+
+    for run, result in results.items():
+        for row in result["rows"]:
+            lines.append(f"| {run} | {row.figure} | {cell(row.record)} | {cell(row.same_inputs)} | "
+                         f"{cell(row.same_inputs_difference, '.1e')} | {cell(row.defaults)} | {cell(row.spread)} | "
+                         f"{cell(row.defaults_in_spreads, '.1f')} |")
+    return "\n".join(lines)
