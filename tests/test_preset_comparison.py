@@ -103,3 +103,21 @@ def test_an_unfinished_or_non_preset_run_is_refused(sweeps, tmp_path):
     torch.save(ckpt, copy / "checkpoints" / "last.ckpt")
     with pytest.raises(SystemExit, match=r"experiment=orthogonality, not one of"):
         score_preset_run(copy, {})
+
+
+def test_the_committed_presets_stand_beside_the_committed_checkpoint_readings():
+    """presets.json copies figures from each checkpoint's record: read again (pe-bench pretrained --force), the
+    checkpoints' figures move and a run without --presets refreshes them beside the presets' own (refresh_real)."""
+    from pe_geometry.benchmarks.presets import real_summary, refresh_real
+
+    presets = json.loads((COMMITTED / "presets.json").read_text())
+    real = {name: json.loads((COMMITTED / f"{name}.json").read_text()) for name in ("smollm2", "gemma3")}
+    for entry in presets.values():
+        assert entry["real_summary"] == json.loads(json.dumps(real_summary(real[entry["real"]])))
+    moved = json.loads(json.dumps(real["gemma3"]))
+    moved["attention_layers"][5]["positional_share"] = [0.0] * len(moved["attention_layers"][5]["positional_share"])
+    refreshed = refresh_real(presets, {"gemma3": moved})
+    assert refreshed["smollm2_like"] == presets["smollm2_like"]  # not read again: kept
+    assert refreshed["gemma3_like"]["runs"] == presets["gemma3_like"]["runs"]
+    globals_ = refreshed["gemma3_like"]["real_summary"]["by_kind"]["global"]["positional_share"]["mean"]
+    assert globals_ != presets["gemma3_like"]["real_summary"]["by_kind"]["global"]["positional_share"]["mean"]

@@ -139,11 +139,21 @@ def preset_comparison(runs: list[dict], real: dict[str, dict | None]) -> dict:
             raise SystemExit(f"error: {preset}: the seeds were trained or read differently: {recipes}")
         out[preset] = {"real": name, "model": mine[0]["model"], "seeds": seeds,
                        "recipe": {k: mine[0][k] for k in RECIPE_KEYS},
-                       "runs": mine, "summary": preset_summary(mine),
-                       "real_model": None if r is None else r["model"],
-                       "real_windows": None if r is None else r.get("windows"),
-                       "real_summary": None if r is None else real_summary(r)}
+                       "runs": mine, "summary": preset_summary(mine)} | beside(r)
     return out
+
+
+def beside(r: dict | None) -> dict:
+    """The fields of a preset's entry that come from its checkpoint's reading (``r``: pe-pretrained's record)."""
+    return {"real_model": None if r is None else r["model"], "real_windows": None if r is None else r.get("windows"),
+            "real_summary": None if r is None else real_summary(r)}
+
+
+def refresh_real(presets: dict, real: dict[str, dict | None]) -> dict:
+    """Committed presets (``preset_comparison``'s) beside the checkpoints' current readings: a model read again (its
+    JSON recomputed) moves the figures shown beside the trained presets, whose own runs need not be read again."""
+    return {preset: entry | beside(real[entry["real"]]) if real.get(entry["real"]) is not None else entry
+            for preset, entry in presets.items()}
 
 
 def preset_study(folders: list[Path], real: dict[str, dict | None], n_blocks: int = PRESET_BLOCKS,

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """``pe-bench pretrained``: each model's record, the band, the presets, table.md."""
     # here, not above: `pe-bench --help` loads neither torch nor transformers
     from pe_geometry.analysis.readers.pretrained import analyse, quantisation_band
-    from pe_geometry.benchmarks.presets import PRESETS, preset_settings, preset_study
+    from pe_geometry.benchmarks.presets import PRESETS, preset_settings, preset_study, refresh_real
     from pe_geometry.benchmarks.pretrained_report import band_markdown, presets_markdown, table
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -97,8 +97,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         presets = preset_study(args.presets, real, **preset_settings(args.quick))
         (args.out / "presets.json").write_text(json.dumps(presets, indent=2))
         (args.out / "presets.md").write_text("\n".join(presets_markdown(presets)))
-    elif (args.out / "presets.json").exists():
-        presets = json.loads((args.out / "presets.json").read_text())
+    elif (args.out / "presets.json").exists():  # the committed presets, beside the checkpoints as read now
+        presets = refresh_real(json.loads((args.out / "presets.json").read_text()), results)
+        (args.out / "presets.json").write_text(json.dumps(presets, indent=2))
+        (args.out / "presets.md").write_text("\n".join(presets_markdown(presets)))
     trained = json.loads(args.trained.read_text()) if args.trained.exists() else None
     geometry = json.loads(args.trained_geometry.read_text())["groups"] if args.trained_geometry.exists() else {}
     if trained is None:
