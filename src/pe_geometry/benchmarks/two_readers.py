@@ -68,5 +68,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
                         for name, r in results.items()}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "two_readers.json").write_text(json.dumps(payload, indent=1))
-    (args.out / "report.md").write_text(f"# Two readers, one truth\n\n{__doc__.split(chr(10), 1)[1].strip()}\n\n{report}\n")
+    command = " ".join(["pe-bench readers", *map(str, args.runs), "--out", str(args.out)])
+    (args.out / "report.md").write_text(f"# Two readers, one truth\n\n{__doc__.split(chr(10), 1)[1].strip()}\n\n"
+                                        f"Written by `{command}`.\n\n{report}\n")
     return payload
