@@ -120,3 +120,20 @@ def test_pe_pretrained_reads_the_plays_as_the_run_trained_on_them(runs):
     assert token_stream(AutoTokenizer.from_pretrained(folder), texts) == [
         i for text in texts for i in run.tokenizer.encode(text).ids]
     assert run.tokenizer.encode("A\nB").ids != run.tokenizer.encode("AB").ids  # the line break is a token of its own here
+
+
+def test_the_yardstick_reads_disjoint_windows_framed_as_pe_pretrained_frames_them(runs):
+    from pe_geometry.analysis.readers.checkpoints import Reader, load
+    from pe_geometry.analysis.readers.pretrained import windows
+
+    run_dir, folder = runs["rope"]
+    loaded = load(folder)
+    reader = Reader(loaded.model, loaded.model_type)
+    stream = list(range(10_000, 10_000 + 1000))  # distinct ids: a window's tokens say where it was cut
+    sets = [windows(reader, loaded.tokenizer, stream, 8, 16, offset=s * 16) for s in range(3)]
+    bos = loaded.tokenizer.bos_token_id
+    assert all(text == slice(1, 16) and (ids[:, 0] == bos).all() for ids, text in sets)  # GPT-NeoX: <bos> first
+    taken = [set(ids[:, text].flatten().tolist()) for ids, text in sets]
+    assert all(not (a & b) for i, a in enumerate(taken) for b in taken[i + 1:])  # disjoint samples of one text
+    with pytest.raises(ValueError, match="past its stride"):
+        windows(reader, loaded.tokenizer, stream, 8, 16, offset=500)

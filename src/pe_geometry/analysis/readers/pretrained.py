@@ -114,9 +114,11 @@ def row_composition(vocab: list[str], ids: list[int]) -> dict:
             "ordinary_sample": ordinary[:20]}
 
 
-def windows(reader: Reader, tokenizer, stream: list[int], n_windows: int, seq_len: int) -> tuple[Tensor, slice]:
+def windows(reader: Reader, tokenizer, stream: list[int], n_windows: int, seq_len: int,
+            offset: int = 0) -> tuple[Tensor, slice]:
     """(n_windows, seq_len) ids, evenly spaced chunks of the stream wrapped as the model reads a text ([CLS] ... [SEP]
-    for BERT, <bos> first for a decoder that has one, </s> last for T5), and the slice of the text's own tokens."""
+    for BERT, <bos> first for a decoder that has one, </s> last for T5), and the slice of the text's own tokens.
+    ``offset``: each chunk starts that many tokens after its evenly spaced start (disjoint samples of one text)."""
     start = [tokenizer.cls_token_id] if reader.model_type in ("bert", "roberta") else []
     if not start and reader.family.causal and tokenizer.bos_token_id is not None and reader.model_type != "gpt2":
         start = [tokenizer.bos_token_id]
@@ -124,7 +126,9 @@ def windows(reader: Reader, tokenizer, stream: list[int], n_windows: int, seq_le
     end = [tokenizer.eos_token_id] if reader.model_type == "t5" else end
     n_text = seq_len - len(start) - len(end)
     stride = (len(stream) - n_text) // n_windows
-    rows = [start + stream[i * stride : i * stride + n_text] + end for i in range(n_windows)]
+    if offset + n_text > stride + n_text or offset < 0:
+        raise ValueError(f"offset {offset} places a window past its stride of {stride} tokens")
+    rows = [start + stream[i * stride + offset : i * stride + offset + n_text] + end for i in range(n_windows)]
     return torch.tensor(rows), slice(len(start), seq_len - len(end))
 
 
