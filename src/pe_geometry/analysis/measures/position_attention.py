@@ -129,7 +129,41 @@ def recorded_shares(recorded: dict[str, Tensor | None], visible: Tensor) -> Tens
 def rotation_null_shares(recorded: dict[str, Tensor | None], visible: Tensor, rotate, n_draws: int = 20,
                          seed: int = 0) -> Tensor:
     """(n_draws, H): the positional share of each head when its q and k are mixed by a Haar-random orthogonal matrix
-    before the encoding's ``rotate`` (``mixed_rotation``): the rotation null of the module docstring."""
+    before the encoding's ``rotate`` (``mixed_rotation``): the rotation null of the module docstring.
+
+    What does not change between draws is computed once: the content score q_pre.k_pre (an orthogonal mix keeps it;
+    ``recorded_score_parts`` of each mixed copy recomputed it, equal to rounding) and the keys repeated per query
+    head; q and k are mixed by one matmul a draw. The draws are ``rotation_null_shares_reference``'s (the same
+    generator, one draw after another), each share equal to its to rounding (tests/test_pretrained_speed.py)."""
+    generator = torch.Generator().manual_seed(seed)
+    q_pre = recorded["q_pre"]
+    H, T, d = q_pre.shape[1:]
+    groups = H // recorded["k"].shape[1]
+    k_pre = recorded["k_pre"].repeat_interleave(groups, dim=1) if groups > 1 else recorded["k_pre"]
+    scale, bias, factor = recorded["scaling"], recorded.get("score_bias"), recorded.get("query_scale")
+    content = (q_pre @ k_pre.transpose(-2, -1)).float() * scale  # every draw's, before query_scale
+    both = torch.cat([q_pre, k_pre.to(q_pre.dtype)], dim=2)  # (B, H, T + S, d): one matmul mixes q and k
+    bias = None if bias is None else bias.float()
+    content_scaled = content if factor is None else content * factor
+    draws = []
+    for _ in range(n_draws):
+        mix = haar_orthogonal(H, d, generator).to(device=q_pre.device, dtype=q_pre.dtype)
+        mixed = both @ mix
+        q_enc, k_enc = rotate(mixed[:, :, :T], mixed[:, :, T:])
+        position = (q_enc @ k_enc.transpose(-2, -1)).float() * scale - content
+        if bias is not None:
+            position = position + bias
+        if factor is not None:
+            position = position * factor
+        cov, var = _share_sums(content_scaled, position, visible)
+        draws.append(cov / var)
+    return torch.stack(draws)
+
+
+def rotation_null_shares_reference(recorded: dict[str, Tensor | None], visible: Tensor, rotate, n_draws: int = 20,
+                                   seed: int = 0) -> Tensor:
+    """``rotation_null_shares`` computed the straightforward way, one mixed copy of the points (``mixed_rotation``)
+    and its ``recorded_score_parts`` a draw: the reference its fast path is tested against."""
     generator = torch.Generator().manual_seed(seed)
     H, d = recorded["q"].shape[1], recorded["q"].shape[-1]
     draws = []
