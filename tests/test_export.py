@@ -296,7 +296,8 @@ def test_pe_export_refuses_in_one_line(exported, tmp_path, monkeypatch, capsys, 
     code, err = run_cli([str(run.checkpoint_path), "--out", str(folder)], monkeypatch, capsys)  # taken
     assert code == 2 and len(err) == 1 and err[0].startswith("error: --out ") and "not an empty folder" in err[0]
     code, err = run_cli([str(tmp_path / "nothing"), "--out", str(tmp_path / "o")], monkeypatch, capsys)
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and not (tmp_path / "o").exists()
+    assert code == 2 and err == [f"error: {tmp_path / 'nothing'}: no such run folder or checkpoint file"]
+    assert not (tmp_path / "o").exists()
     from pe_geometry.training.pipeline import train
 
     train(tiny_train_config(tmp_path, tiny_corpus, cache_dir, ["pe=alibi", "trainer.max_steps=1", "callbacks=no_geometry"]))
@@ -332,3 +333,20 @@ def test_a_quick_run_exported_and_read_by_a_fresh_python(tmp_path, tiny_corpus):
                           capture_output=True, text=True, timeout=300)
     assert ours.returncode == 0, ours.stderr
     assert theirs.stdout.strip() and theirs.stdout.strip() in ours.stdout
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_every_exported_file_keeps_the_umask_s_mode(umask, tmp_path):
+    """safetensors writes its file 0600 whatever the umask: a teammate could not read shared weights."""
+    import os
+
+    from pe_geometry.data.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(["to be or not to be that is the question"] * 20, "char", V)
+    before = os.umask(umask)
+    try:
+        write_folder(decoder(ROPE), tokenizer, tmp_path / "out", training_length=TRAINED_AT)
+    finally:
+        os.umask(before)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}, modes

@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> dict:
     from pe_geometry.training.run_loader import load_trained_run
     from pe_geometry.training.threads import use_idle_cores
 
+    if not Path(args.source).expanduser().exists():  # (the loader's own line names pe-train's ckpt_path=)
+        raise SystemExit(f"error: {args.source}: no such run folder or checkpoint file")
     use_idle_cores()  # the cores idle now, as pe-train (OMP_NUM_THREADS=N to choose)
     run = load_trained_run(args.source)  # a RunLoadError is one error line (console_script)
     seq_len = int(run.config.data.seq_len)

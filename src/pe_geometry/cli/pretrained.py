@@ -113,7 +113,7 @@ def print_report(r: dict) -> None:
         print(f"  rotation null over all {n['n_heads']} heads: {n['below_null_median']} below their null's median "
               f"(sign test p {n['sign_test_p']:.2g}); mean share {n['share_mean']:.3f} vs null {n['null_mean']:.3f}; "
               f"p < 0.05: {n['above_p05']} above, {n['below_p05']} below ({n['above_holm']} and {n['below_holm']} "
-              "after Holm over the heads; heads are not independent:)")
+              "after Holm over the heads); heads are not independent, so counted over coarser units too:")
         for unit, words in (("per_kv_group", "KV groups (heads sharing keys)"), ("per_layer", "layers")):
             if unit in n:
                 g = n[unit]

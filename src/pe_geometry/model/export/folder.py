@@ -19,6 +19,7 @@ import torch
 from tokenizers import Tokenizer
 
 from pe_geometry.extras import needs_extra
+from pe_geometry.files import current_umask
 from pe_geometry.model.export.architecture import Architecture, ExportError
 from pe_geometry.model.export.support import architecture_for
 from pe_geometry.model.export.tokenizer import EOS, fast_tokenizer
@@ -64,6 +65,8 @@ def write_folder(model: DecoderLM, tokenizer: Tokenizer, out: Path, training_len
     try:
         hf.save_pretrained(staging)
         fast_tokenizer(tokenizer).save_pretrained(staging)
+        for written in staging.iterdir():  # safetensors writes its file 0600: a teammate could not read the weights
+            written.chmod(0o666 & ~current_umask())
         if out.exists():
             out.rmdir()
         staging.rename(out)
