@@ -133,8 +133,9 @@ def rotation_null_shares(recorded: dict[str, Tensor | None], visible: Tensor, ro
 
     What does not change between draws is computed once: the content score q_pre.k_pre (an orthogonal mix keeps it;
     ``recorded_score_parts`` of each mixed copy recomputed it, equal to rounding) and the keys repeated per query
-    head; q and k are mixed by one matmul a draw. The draws are ``rotation_null_shares_reference``'s (the same
-    generator, one draw after another), each share equal to its to rounding (tests/test_pretrained_speed.py)."""
+    head; q and k are mixed by one matmul a draw, a (B (T + S), d) block per head (faster than B small ones). The
+    draws are ``rotation_null_shares_reference``'s (the same generator, one draw after another), each share equal to
+    its to rounding (tests/test_pretrained_speed.py)."""
     generator = torch.Generator().manual_seed(seed)
     q_pre = recorded["q_pre"]
     H, T, d = q_pre.shape[1:]
@@ -142,13 +143,15 @@ def rotation_null_shares(recorded: dict[str, Tensor | None], visible: Tensor, ro
     k_pre = recorded["k_pre"].repeat_interleave(groups, dim=1) if groups > 1 else recorded["k_pre"]
     scale, bias, factor = recorded["scaling"], recorded.get("score_bias"), recorded.get("query_scale")
     content = (q_pre @ k_pre.transpose(-2, -1)).float() * scale  # every draw's, before query_scale
-    both = torch.cat([q_pre, k_pre.to(q_pre.dtype)], dim=2)  # (B, H, T + S, d): one matmul mixes q and k
+    S = k_pre.shape[-2]
+    # (H, B (T + S), d): one matmul a draw mixes q and k, one (B (T + S), d) x (d, d) product per head
+    both = torch.cat([q_pre, k_pre.to(q_pre.dtype)], dim=2).transpose(0, 1).reshape(H, -1, d)
     bias = None if bias is None else bias.float()
     content_scaled = content if factor is None else content * factor
     draws = []
     for _ in range(n_draws):
         mix = haar_orthogonal(H, d, generator).to(device=q_pre.device, dtype=q_pre.dtype)
-        mixed = both @ mix
+        mixed = (both @ mix).reshape(H, -1, T + S, d).transpose(0, 1)  # (B, H, T + S, d)
         q_enc, k_enc = rotate(mixed[:, :, :T], mixed[:, :, T:])
         position = (q_enc @ k_enc.transpose(-2, -1)).float() * scale - content
         if bias is not None:
