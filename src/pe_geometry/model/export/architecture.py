@@ -67,6 +67,20 @@ class Architecture:
         return contiguous(state)
 
 
+def copy_pairs(source: dict[str, Tensor], source_prefix: str, target: dict[str, Tensor], target_prefix: str,
+               pairs: tuple[tuple[str, str], ...], transpose: bool = False) -> None:
+    """For each (source name, target name) of ``pairs``: the module's weight and bias copied across (the weight
+    transposed where one side stores ``x @ W``). One table of names serves both directions, the pairs reversed."""
+    for theirs, mine in pairs:
+        weight = source[f"{source_prefix}{theirs}.weight"]
+        target[f"{target_prefix}{mine}.weight"] = weight.T if transpose else weight
+        target[f"{target_prefix}{mine}.bias"] = source[f"{source_prefix}{theirs}.bias"]
+
+
+def reversed_pairs(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((b, a) for a, b in pairs)
+
+
 def contiguous(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Each tensor as its own contiguous copy (transposes and slices are views; safetensors wants plain tensors)."""
     return {name: t.detach().contiguous().clone() for name, t in state.items()}

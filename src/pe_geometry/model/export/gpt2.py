@@ -13,7 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_geometry.model.export.architecture import Architecture, contiguous
+from pe_geometry.model.export.architecture import Architecture, contiguous, copy_pairs, reversed_pairs
+
+# transformers' name in a block -> ours: the LayerNorms, and the Conv1D layers (each our nn.Linear transposed)
+NORMS = (("ln_1", "ln_attn"), ("ln_2", "ln_mlp"))
+CONV1D = (("attn.c_proj", "attn.o"), ("mlp.c_fc", "mlp.up"), ("mlp.c_proj", "mlp.down"))
 
 
 class GPT2(Architecture):
@@ -46,12 +50,10 @@ class GPT2(Architecture):
                "lm_head.weight": ours["head.weight"]}
         for i in range(len(self.model.blocks)):
             b, h = f"decoder.blocks.{i}.", f"transformer.h.{i}."
-            for theirs, mine in (("ln_1", "ln_attn"), ("ln_2", "ln_mlp")):
-                out[f"{h}{theirs}.weight"], out[f"{h}{theirs}.bias"] = ours[f"{b}{mine}.weight"], ours[f"{b}{mine}.bias"]
+            copy_pairs(ours, b, out, h, reversed_pairs(NORMS))
             out[f"{h}attn.c_attn.weight"] = torch.cat((ours[f"{b}attn.q.weight"], ours[f"{b}attn.kv.weight"])).T
             out[f"{h}attn.c_attn.bias"] = torch.cat((ours[f"{b}attn.q.bias"], ours[f"{b}attn.kv.bias"]))
-            for theirs, mine in (("attn.c_proj", "attn.o"), ("mlp.c_fc", "mlp.up"), ("mlp.c_proj", "mlp.down")):
-                out[f"{h}{theirs}.weight"], out[f"{h}{theirs}.bias"] = ours[f"{b}{mine}.weight"].T, ours[f"{b}{mine}.bias"]
+            copy_pairs(ours, b, out, h, reversed_pairs(CONV1D), transpose=True)
         return contiguous(out)
 
     def from_transformers(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -62,11 +64,9 @@ class GPT2(Architecture):
                 "decoder.ln_final.bias": state["transformer.ln_f.bias"]}
         for i in range(len(self.model.blocks)):
             b, h = f"decoder.blocks.{i}.", f"transformer.h.{i}."
-            for theirs, mine in (("ln_1", "ln_attn"), ("ln_2", "ln_mlp")):
-                ours[f"{b}{mine}.weight"], ours[f"{b}{mine}.bias"] = state[f"{h}{theirs}.weight"], state[f"{h}{theirs}.bias"]
+            copy_pairs(state, h, ours, b, NORMS)
             qkv, qkv_bias = state[f"{h}attn.c_attn.weight"].T, state[f"{h}attn.c_attn.bias"]
             ours[f"{b}attn.q.weight"], ours[f"{b}attn.kv.weight"] = qkv[:d], qkv[d:]
             ours[f"{b}attn.q.bias"], ours[f"{b}attn.kv.bias"] = qkv_bias[:d], qkv_bias[d:]
-            for theirs, mine in (("attn.c_proj", "attn.o"), ("mlp.c_fc", "mlp.up"), ("mlp.c_proj", "mlp.down")):
-                ours[f"{b}{mine}.weight"], ours[f"{b}{mine}.bias"] = state[f"{h}{theirs}.weight"].T, state[f"{h}{theirs}.bias"]
+            copy_pairs(state, h, ours, b, CONV1D, transpose=True)
         return self._state(ours, state.get("lm_head.weight", state["transformer.wte.weight"]))

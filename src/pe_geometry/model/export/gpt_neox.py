@@ -25,8 +25,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_geometry.model.export.architecture import Architecture, contiguous
+from pe_geometry.model.export.architecture import Architecture, contiguous, copy_pairs, reversed_pairs
 from pe_geometry.model.positional import NoPE, RotaryPE
+
+# transformers' name in a layer -> ours: the LayerNorms and the linear layers, copied as they are
+NORMS = (("input_layernorm", "ln_attn"), ("post_attention_layernorm", "ln_mlp"))
+LINEARS = (("attention.dense", "attn.o"), ("mlp.dense_h_to_4h", "mlp.up"), ("mlp.dense_4h_to_h", "mlp.down"))
 
 
 class GPTNeoX(Architecture):
@@ -100,15 +104,12 @@ class GPTNeoX(Architecture):
                "lm_head.weight": ours["head.weight"]}
         for i in range(len(self.model.blocks)):
             b, n = f"decoder.blocks.{i}.", f"gpt_neox.layers.{i}."
-            for theirs, mine in (("input_layernorm", "ln_attn"), ("post_attention_layernorm", "ln_mlp")):
-                out[f"{n}{theirs}.weight"], out[f"{n}{theirs}.bias"] = ours[f"{b}{mine}.weight"], ours[f"{b}{mine}.bias"]
+            copy_pairs(ours, b, out, n, reversed_pairs(NORMS))
             for kind in ("weight", "bias"):
                 q = ours[f"{b}attn.q.{kind}"].unflatten(0, (H, dh))  # (H, dh[, D])
                 k, v = ours[f"{b}attn.kv.{kind}"].unflatten(0, (2, H, dh)).unbind(0)
                 out[f"{n}attention.query_key_value.{kind}"] = torch.stack((q[:, order], k[:, order], v), 1).flatten(0, 2)
-            for theirs, mine in (("attention.dense", "attn.o"), ("mlp.dense_h_to_4h", "mlp.up"),
-                                 ("mlp.dense_4h_to_h", "mlp.down")):
-                out[f"{n}{theirs}.weight"], out[f"{n}{theirs}.bias"] = ours[f"{b}{mine}.weight"], ours[f"{b}{mine}.bias"]
+            copy_pairs(ours, b, out, n, reversed_pairs(LINEARS))
         return contiguous(out)
 
     def from_transformers(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -118,13 +119,10 @@ class GPTNeoX(Architecture):
                 "decoder.ln_final.bias": state["gpt_neox.final_layer_norm.bias"]}
         for i in range(len(self.model.blocks)):
             b, n = f"decoder.blocks.{i}.", f"gpt_neox.layers.{i}."
-            for theirs, mine in (("input_layernorm", "ln_attn"), ("post_attention_layernorm", "ln_mlp")):
-                ours[f"{b}{mine}.weight"], ours[f"{b}{mine}.bias"] = state[f"{n}{theirs}.weight"], state[f"{n}{theirs}.bias"]
+            copy_pairs(state, n, ours, b, NORMS)
             for kind in ("weight", "bias"):
                 q, k, v = state[f"{n}attention.query_key_value.{kind}"].unflatten(0, (H, 3, dh)).unbind(1)
                 ours[f"{b}attn.q.{kind}"] = q[:, back].flatten(0, 1)
                 ours[f"{b}attn.kv.{kind}"] = torch.stack((k[:, back], v)).flatten(0, 2)
-            for theirs, mine in (("attention.dense", "attn.o"), ("mlp.dense_h_to_4h", "mlp.up"),
-                                 ("mlp.dense_4h_to_h", "mlp.down")):
-                ours[f"{b}{mine}.weight"], ours[f"{b}{mine}.bias"] = state[f"{n}{theirs}.weight"], state[f"{n}{theirs}.bias"]
+            copy_pairs(state, n, ours, b, LINEARS)
         return self._state(ours, state.get("lm_head.weight", state["gpt_neox.embed_in.weight"]))
