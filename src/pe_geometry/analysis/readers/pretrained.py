@@ -127,7 +127,7 @@ def windows(reader: Reader, tokenizer, stream: list[int], n_windows: int, seq_le
     end = [tokenizer.eos_token_id] if reader.model_type == "t5" else end
     n_text = seq_len - len(start) - len(end)
     stride = (len(stream) - n_text) // n_windows
-    if offset + n_text > stride + n_text or offset < 0:
+    if not 0 <= offset <= stride:
         raise ValueError(f"offset {offset} places a window past its stride of {stride} tokens")
     rows = [start + stream[i * stride + offset : i * stride + offset + n_text] + end for i in range(n_windows)]
     return torch.tensor(rows), slice(len(start), seq_len - len(end))

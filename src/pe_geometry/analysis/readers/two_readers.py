@@ -111,7 +111,10 @@ def final_record(run_dir: Path) -> tuple[int, dict[str, float]]:
 
 
 def _head_mean(metrics: dict[str, float], name) -> float | None:
-    values = [v for k, v in metrics.items() if k in {name(h) for h in range(64)}]
+    """The mean over heads 0, 1, ... of the per-head metric ``name(h)``, as far as the record has them."""
+    values = []
+    while name(len(values)) in metrics:
+        values.append(metrics[name(len(values))])
     return statistics.fmean(values) if values else None
 
 
