@@ -65,18 +65,11 @@ class _FoldSums:
     sxy: Tensor  # (K, D, C)
 
     def total(self, folds: Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        names = ("n", "sx", "sxx", "sy", "syy", "sxy")
+        if len(folds) == 1:  # a view: summing one fold would copy its (D, D) matrix
+            return tuple(getattr(self, name)[folds[0]] for name in names)  # type: ignore[return-value]
         # a sum of views: indexing with a tensor would first copy every (D, D) fold matrix
-        return tuple(sum(getattr(self, name)[f] for f in folds) for name in ("n", "sx", "sxx", "sy", "syy", "sxy"))  # type: ignore[return-value]
-
-
-def _eigh(gram: Tensor) -> tuple[Tensor, Tensor]:
-    """torch.linalg.eigh, through numpy's LAPACK for a CPU matrix: at d 576 in float64 numpy's (OpenBLAS) takes
-    0.025 s against torch's (MKL) 0.045 s on one core of a 2-vCPU AMD machine, and it is the probe's largest cost
-    (experiments/benchmark_pretrained.py). The same decomposition to rounding (tests/test_probe_fast_path.py)."""
-    if gram.device.type == "cpu":
-        evals, evecs = np.linalg.eigh(gram.numpy())
-        return torch.from_numpy(evals), torch.from_numpy(evecs)
-    return torch.linalg.eigh(gram)
+        return tuple(sum(getattr(self, name)[f] for f in folds) for name in names)  # type: ignore[return-value]
 
 
 @dataclass
@@ -92,15 +85,16 @@ class _Fit:
     ybar: Tensor
 
     def weights(self, alphas: Tensor) -> Tensor:
-        """Raw-feature weights (n_alphas, D, C), one set per alpha of ``alphas`` (n_alphas,)."""
-        shrink = self.proj[None] / (self.evals.clamp_min(0.0)[None, :, None] + alphas[:, None, None])
-        return self.evecs @ shrink / self.scale[None, :, None]
+        """Raw-feature weights (D, n_alphas * C): column a * C + c is column c's at ``alphas[a]`` (n_alphas,). One flat
+        (D, D) x (D, n_alphas * C) product: a batched one would run a smaller product per alpha, and slower."""
+        shrink = self.proj[:, None, :] / (self.evals.clamp_min(0.0)[:, None, None] + alphas[None, :, None])
+        return (self.evecs / self.scale[:, None]) @ shrink.reshape(len(self.evals), -1)
 
     def weights_per_column(self, alphas: Tensor) -> Tensor:
         """Raw-feature weights (D, C) with column c's own alpha ``alphas[c]``: one (D, D) x (D, C) product whatever
         the number of alphas (the outer fit needs only the alpha its inner CV chose for each column)."""
         shrink = self.proj / (self.evals.clamp_min(0.0)[:, None] + alphas[None, :])
-        return self.evecs @ shrink / self.scale[:, None]
+        return (self.evecs / self.scale[:, None]) @ shrink
 
 
 def _ridge(sums: _FoldSums, fit: Sequence[int]) -> _Fit:
@@ -117,22 +111,27 @@ def _ridge(sums: _FoldSums, fit: Sequence[int]) -> _Fit:
     scale = torch.where(scale < 1e-12 * scale.max().clamp_min(1e-300), 1.0, scale)  # constant features, as StandardScaler
     gram = n * cov / torch.outer(scale, scale)  # Z^T Z
     cross = (sxy - torch.outer(mu, sy)) / scale[:, None]  # Z^T (y - ybar), (D, C)
-    evals, evecs = _eigh(gram)
+    # torch's eigh, not numpy's: on a CPU the products around it run on torch's threads, and two thread pools
+    # (torch's OpenMP, numpy's OpenBLAS) spin-waiting on the same 2 cores made a layer 1.6x slower than torch alone
+    # (experiments/benchmark_pretrained.py)
+    evals, evecs = torch.linalg.eigh(gram)
     return _Fit(evecs, evals, evecs.T @ cross, scale, mu, ybar)
 
 
 def _sse(sums: _FoldSums, w: Tensor, fit: _Fit, val: Sequence[int]) -> Tensor:
-    """Validation SSE on folds ``val`` of weights w (..., D, C) fitted as ``fit`` (its means): (..., C).
+    """Validation SSE on folds ``val`` of weights w (D, A * C), A sets of C columns, fitted as ``fit`` (its means): (A, C).
 
-    sum over validation rows of ((y - ybar) - (x - mu) w)^2, expanded into the validation
+    sum over validation rows of ((y - ybar) - (x - mu) w)^2 = yy + w^T (xx w - 2 xy), expanded into the validation
     sums, so no row is touched.
     """
     mu, ybar = fit.mu, fit.ybar
     nv, sxv, sxxv, syv, syyv, sxyv = sums.total(val)
     yy = syyv - 2 * ybar * syv + nv * ybar**2  # (C,)
     xc_y = sxyv - torch.outer(mu, syv) - torch.outer(sxv, ybar) + nv * torch.outer(mu, ybar)  # (D, C)
-    xx = sxxv - torch.outer(mu, sxv) - torch.outer(sxv, mu) + nv * torch.outer(mu, mu)  # (D, D)
-    return yy - 2 * (w * xc_y).sum(-2) + (w * (xx @ w)).sum(-2)
+    xx = torch.addr(sxxv, mu, sxv - nv * mu, alpha=-1).addr_(sxv, mu, alpha=-1)  # (x - mu)(x - mu)^T summed, (D, D)
+    D, C = xc_y.shape
+    resid = (xx @ w).view(D, -1, C).sub_(xc_y[:, None], alpha=2)  # in place: the (D, A, C) temporaries are the cost
+    return yy + (w.view(D, -1, C) * resid).sum(0)
 
 
 def _cv_r2(sums: _FoldSums, alphas: Tensor) -> Tensor:
@@ -168,7 +167,7 @@ def _cv_r2(sums: _FoldSums, alphas: Tensor) -> Tensor:
                 pooled = pooled + _sse(sums, w, fit, [g])  # (n_alphas, C)
             best = pooled.argmin(dim=0)  # lowest pooled inner SSE = highest pooled inner R^2
         outer = _ridge(sums, rest)
-        sse += _sse(sums, outer.weights_per_column(alphas[best]), outer, [f])
+        sse += _sse(sums, outer.weights_per_column(alphas[best]), outer, [f])[0]
     return 1.0 - sse / sst.clamp_min(1e-300)
 
 
