@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"text windows read (the probe's {MIN_WINDOWS} folds need >= {MIN_WINDOWS})")
     parser.add_argument("--seq-len", type=int_at_least(2), default=64, help="tokens per window (>= 2 positions)")
     parser.add_argument("--no-band", action="store_true",
-                        help="for a quantised file, skip the band (MiniLM round-tripped through its scheme, ~40 s)")
+                        help="for a quantised file, skip the band (MiniLM round-tripped through its scheme, ~10 s)")
     parser.add_argument("--series", action="store_true",
                         help="MODEL is a folder of checkpoints (sub-folders or .gguf files): read each, in natural order")
     args = parser.parse_args(argv)

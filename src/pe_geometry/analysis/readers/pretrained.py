@@ -299,10 +299,10 @@ def analyse(
 
 
 def blas_threads_as_torch():
-    """A context in which numpy's BLAS/LAPACK (OpenBLAS: the position probe's (D, D) eigh) uses torch's number of
-    threads, not every core: pe-pretrained sets torch's to the cores idle at the start, and OpenBLAS's threads
-    contending with a busy machine made each eigh 10-30x slower (0.74 s against 0.05 s at d 576, load 4 on 2 vCPU:
-    the probe's eigh was 342 of the 493 s of a profiled `pe-pretrained smollm2`). The same figures to rounding."""
+    """A context in which numpy's BLAS/LAPACK (OpenBLAS) uses torch's number of threads, not every core: pe-pretrained
+    sets torch's to the cores idle at the start, and OpenBLAS's threads contending with a busy machine made each of
+    the position probe's eighs 10-30x slower when it ran them through numpy (0.74 s against 0.05 s at d 576, load 4
+    on 2 vCPU). The probe now runs on torch alone; this keeps any numpy linear algebra left in a reading in bounds."""
     try:
         from threadpoolctl import threadpool_limits  # scikit-learn's dependency, as the probe's
     except ImportError:  # pragma: no cover
