@@ -137,6 +137,11 @@ def test_the_report_prints_no_blank_rows_and_says_once_why_a_column_is_empty(run
     measure_rows = [line.split() for line in lines if line.startswith("    ") and line.split()[0] in r["frequent_rows"]["geometry"]]
     assert measure_rows and all(len(row) >= 2 for row in measure_rows)
     assert sum("share and vs null are empty" in line for line in lines) == 1
+    # the seed rows have no null: their table has no null columns and says why once; the frequent rows' has them
+    seed_title = next(i for i, line in enumerate(lines) if line.startswith("  seed rows") and "no null columns" in line)
+    assert lines[seed_title + 1].split() == ["measure", "value", "chance"]
+    frequent_title = next(i for i, line in enumerate(lines) if "frequent tokens x positions" in line)
+    assert lines[frequent_title + 1].split() == ["measure", "value", "chance", "null", "null", "p"]
 
 
 def test_the_reader_hidden_states_equal_transformers_own(minilm):

@@ -27,12 +27,14 @@ def _cell(v) -> str:
 
 
 def _print_geometry(title: str, g: dict) -> None:
-    print(f"  {title}")
-    print(f"    {'measure':<26}{'value':>10}{'chance':>10}{'null':>10}{'null p':>10}")
+    has_null = any(name.endswith("_null_mean") for name in g)
+    print(f"  {title}" + ("" if has_null else " (no null columns: the rotation null is drawn for the frequent rows)"))
+    print(f"    {'measure':<26}{'value':>10}{'chance':>10}" + (f"{'null':>10}{'null p':>10}" if has_null else ""))
+    suffixes = ("", "_chance") + (("_null_mean", "_p") if has_null else ())
     for name in g:
         if name.endswith(("_chance", "_random", "_null_mean", "_null_std", "_z", "_p")):
             continue
-        cells = "".join(_cell(g.get(k)) for k in (name, f"{name}_chance", f"{name}_null_mean", f"{name}_p"))
+        cells = "".join(_cell(g.get(f"{name}{suffix}")) for suffix in suffixes)
         if cells.strip():  # a measure with no number to show (none today) is left out, not printed blank
             print(f"    {name:<26}" + cells)
 
