@@ -264,6 +264,9 @@ def test_the_sweep_continuation_runs_as_printed_whatever_its_folder_and_values()
 STARTUP_DRIVER = """
 import contextlib, importlib.abc, os, runpy, signal, sys
 where, train_py = sys.argv.pop(1), sys.argv[1]
+# a suite started in the background by a shell (`nohup ... &`) inherits SIGINT ignored, and Python then installs no
+# KeyboardInterrupt handler: put back the one an interactive run has, so Ctrl-C is what is tested
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def interrupt():
     os.kill(os.getpid(), signal.SIGINT)
