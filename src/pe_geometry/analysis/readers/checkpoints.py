@@ -244,7 +244,8 @@ def _read(path: Path, folder: Path, kwargs: dict, readers: dict) -> Loaded:
         raise ValueError(f"{path}: architecture {config.model_type!r} is not supported; supported: {supported()}")
     # the tokenizer before the weights, and then the parsed arrays only it reads dropped from the shared reader: gguf
     # keeps one numpy view per token and array (0.7 GB of Python objects for Gemma 3's 262k tokens), which would
-    # otherwise sit beside the dequantised float32 weights (Gemma 3's peak 3.3 -> 2.4 GB: docs/BENCHMARKS.md)
+    # otherwise sit beside the dequantised float32 weights (with the changes below, `pe-pretrained gemma3` peaked at
+    # 2495 MiB, was 2862: docs/BENCHMARKS.md)
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     for reader in readers.values():
         for name in VOCABULARY_ARRAYS:
@@ -361,6 +362,8 @@ class Reader:
 
     @property
     def W_E(self) -> Tensor:
+        """The whole word table as the model reads it (``word_rows()``): the model's own tensor, detached, when it is
+        not scaled, so read it, never write to it."""
         return self.word_rows()
 
     def word_rows(self, ids: Tensor | list[int] | None = None) -> Tensor:

